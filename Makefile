@@ -1,0 +1,53 @@
+# softrnic — software iWARP RNIC.
+#
+#   make test      install what the tests need, then go test -race over the tree
+#   make build     build every package and command
+#   make lint      gofmt, go vet, staticcheck
+#   make generate  regenerate committed generated code
+#   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
+#   make bench     codec benchmarks (Go benchmarks, not tests)
+
+# Go is installed in /usr/local/go but not always on PATH.
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+FUZZTIME ?= 20s
+PKGS := ./...
+
+.PHONY: all build test deps lint generate fuzz bench clean
+
+all: build
+
+build:
+	$(GO) build $(PKGS)
+
+deps:
+	bash hack/deps.sh test
+
+test: deps
+	$(GO) vet $(PKGS)
+	$(GO) test -race -count=1 -timeout 15m $(PKGS)
+
+lint:
+	GO=$(GO) bash hack/deps.sh lint
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	if [ -n "$$unformatted" ]; then echo "not gofmt-formatted:"; echo "$$unformatted"; exit 1; fi
+	$(GO) vet $(PKGS)
+	.tools/staticcheck $(PKGS)
+
+generate:
+	$(GO) generate $(PKGS)
+
+# Each fuzz target alone: go test -fuzz takes one target per run.
+fuzz:
+	@set -e; for pkg in $$($(GO) list $(PKGS)); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "fuzz $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f$$" -fuzztime $(FUZZTIME) $$pkg; \
+		done; \
+	done
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./mpa/ ./ddp/
+
+clean:
+	rm -rf .tools

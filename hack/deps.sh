@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Installs what the tests and tools need and the machine lacks: Debian packages
+# (apt-get update first, only when something is missing) and Go tools into
+# .tools/. Safe to run again; does nothing when everything is there.
+#
+#   hack/deps.sh test   # packages the tests use
+#   hack/deps.sh lint   # staticcheck
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# command -> Debian package
+declare -A test_pkgs=(
+	[ip]=iproute2
+	[ethtool]=ethtool
+	[tshark]=tshark
+	[tcpdump]=tcpdump
+	[ping]=iputils-ping
+)
+
+apt_install() {
+	[ $# -gt 0 ] || return 0
+	if [ "$(id -u)" != 0 ]; then
+		echo "deps: missing Debian packages: $*; not root, so not installing (tests that need them skip)" >&2
+		return 0
+	fi
+	echo "deps: installing $*" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	# tshark asks whether non-root users may capture; answer no.
+	echo "wireshark-common wireshark-common/install-setuid boolean false" | debconf-set-selections
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+}
+
+case "${1:-test}" in
+test)
+	missing=()
+	for cmd in "${!test_pkgs[@]}"; do
+		command -v "$cmd" >/dev/null 2>&1 || missing+=("${test_pkgs[$cmd]}")
+	done
+	apt_install "${missing[@]}"
+	;;
+lint)
+	GO=${GO:-go}
+	version=v0.8.2
+	if ! [ -x .tools/staticcheck ] || ! .tools/staticcheck -version 2>/dev/null | grep -q "(${version#v})"; then
+		echo "deps: installing staticcheck $version into .tools/" >&2
+		GOBIN="$PWD/.tools" "$GO" install "honnef.co/go/tools/cmd/staticcheck@$version"
+	fi
+	;;
+*)
+	echo "usage: hack/deps.sh test|lint" >&2
+	exit 2
+	;;
+esac

@@ -1,0 +1,128 @@
+package topology
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"net/netip"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPairCarriesTCPAndHonoursOptions(t *testing.T) {
+	p := NewTest(t, Options{
+		MTU:    3000,
+		Queues: 2,
+		AddrA:  netip.MustParsePrefix("198.51.100.1/24"),
+		AddrB:  netip.MustParsePrefix("198.51.100.2/24"),
+	})
+
+	out, err := p.A.Command("ip", "-d", "link", "show", p.A.Link).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link show: %v: %s", err, out)
+	}
+	for _, want := range []string{"mtu 3000", "numtxqueues 2", "numrxqueues 2"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("link of A lacks %q:\n%s", want, out)
+		}
+	}
+	out, err = p.B.Command("ethtool", "-k", p.B.Link).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ethtool -k: %v: %s", err, out)
+	}
+	for _, want := range []string{"tx-checksumming: off", "tcp-segmentation-offload: off", "generic-segmentation-offload: off"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("offloads of B: want %q in\n%s", want, out)
+		}
+	}
+
+	// A listener in B, a dialer in A: the sockets live in their namespaces.
+	var ln net.Listener
+	if err := p.B.Do(func() (err error) {
+		ln, err = net.Listen("tcp4", net.JoinHostPort(p.B.Addr.Addr().String(), "0"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	payload := bytes.Repeat([]byte("softrnic"), 64<<10)
+	got := make(chan []byte, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- nil
+			return
+		}
+		defer c.Close()
+		b, _ := io.ReadAll(c)
+		got <- b
+	}()
+	if err := p.A.Do(func() error {
+		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		_, err = c.Write(payload)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-got:
+		if !bytes.Equal(b, payload) {
+			t.Fatalf("received %d bytes, want %d identical", len(b), len(payload))
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no data within 30 s")
+	}
+}
+
+func TestCloseRemovesNamespacesAndProcesses(t *testing.T) {
+	p := NewTest(t, Options{})
+	cmd := p.A.Command("sleep", "600")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	// Wait until the process is seen inside the namespace.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pids, _ := exec.Command("ip", "netns", "pids", p.A.Namespace).Output()
+		if strings.TrimSpace(string(pids)) != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("process never appeared in the namespace")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("process in the namespace survived Close")
+	}
+	for _, ns := range []string{p.A.Namespace, p.B.Namespace} {
+		if exists(ns) {
+			t.Errorf("namespace %s survived Close", ns)
+		}
+	}
+	if err := p.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	if _, err := New(Options{Queues: 65}); err == nil {
+		t.Error("65 queues accepted")
+	}
+	if _, err := New(Options{AddrA: netip.MustParsePrefix("192.0.2.1/24"), AddrB: netip.MustParsePrefix("2001:db8::2/64")}); err == nil {
+		t.Error("mixed families accepted")
+	}
+}
