@@ -129,4 +129,6 @@ type ImmediateData []byte
 func (d ImmediateData) IsValid() bool { return len(d) >= ImmediateDataLen }
 
 // Data returns the eight bytes.
-func (d ImmediateData) Data() [ImmediateDataLen]byte { return [ImmediateDataLen]byte(d[:ImmediateDataLen]) }
+func (d ImmediateData) Data() [ImmediateDataLen]byte {
+	return [ImmediateDataLen]byte(d[:ImmediateDataLen])
+}
