@@ -5,7 +5,8 @@
 #   make lint      gofmt, go vet, staticcheck
 #   make generate  regenerate committed generated code
 #   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
-#   make bench     codec benchmarks (Go benchmarks, not tests)
+#   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
+#   make bench     codec benchmarks beside the CRC32c yardstick (not tests)
 
 # Go is installed in /usr/local/go but not always on PATH.
 export PATH := $(PATH):/usr/local/go/bin
@@ -13,7 +14,7 @@ GO ?= go
 FUZZTIME ?= 20s
 PKGS := ./...
 
-.PHONY: all build test deps lint generate fuzz bench clean
+.PHONY: all build test deps lint generate fuzz corpus bench clean
 
 all: build
 
@@ -46,8 +47,11 @@ fuzz:
 		done; \
 	done
 
+corpus: fuzz
+	GO=$(GO) bash hack/corpus.sh
+
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./mpa/ ./ddp/
+	$(GO) test -run '^$$' -bench . -benchmem ./mpa/
 
 clean:
 	rm -rf .tools

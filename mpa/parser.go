@@ -31,12 +31,10 @@ type EventKind uint8
 const (
 	// NeedMore: the input is used up with nothing to report.
 	NeedMore EventKind = iota
-	// Data: Event.Data holds ULPDU octets (markers removed), a sub-slice
-	// of the input, starting at Event.Offset within an ULPDU of
-	// Event.ULPDULen octets.
+	// Data: Event.Data holds ULPDU octets (markers removed, possibly none),
+	// a sub-slice of the input, starting at Event.Offset within an ULPDU
+	// of Event.ULPDULen octets; Event.End says the FPDU is complete.
 	Data
-	// End: the FPDU is complete and its CRC, if negotiated, verified.
-	End
 )
 
 // Event is one step of parsing.
@@ -45,6 +43,10 @@ type Event struct {
 	Data     []byte
 	Offset   int
 	ULPDULen int
+	// End: every octet of the FPDU has been delivered and its CRC, if
+	// negotiated, verified. An FPDU that arrives whole in one input comes
+	// as a single Data event with End set.
+	End bool
 }
 
 type parseState uint8
@@ -114,6 +116,11 @@ func (p *Parser) Next(b []byte) (int, Event, error) {
 		}
 		switch p.state {
 		case stHeader:
+			if p.have == 0 {
+				if n, ev, ok, err := p.whole(b[used:]); ok || err != nil {
+					return used + n, ev, err
+				}
+			}
 			k := min(len(b)-used, HeaderLen-p.have)
 			copy(p.small[p.have:], b[used:used+k])
 			p.feedCRC(b[used : used+k])
@@ -172,10 +179,33 @@ func (p *Parser) Next(b []byte) (int, Event, error) {
 			if err := p.endFPDU(); err != nil {
 				return used, Event{}, err
 			}
-			return used, Event{Kind: End, ULPDULen: p.ulpdu}, nil
+			return used, Event{Kind: Data, Offset: p.done, ULPDULen: p.ulpdu, End: true}, nil
 		}
 	}
 	return used, Event{}, nil
+}
+
+// whole is the fast path: an FPDU that lies entirely in b, with no marker
+// inside it, is checked with one CRC pass and delivered as one event.
+func (p *Parser) whole(b []byte) (int, Event, bool, error) {
+	if len(b) < HeaderLen {
+		return 0, Event{}, false, nil
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	total := FPDULen(n)
+	if len(b) < total || p.markers && total > int(MarkerInterval-p.pos%MarkerInterval) {
+		return 0, Event{}, false, nil
+	}
+	p.fpdu = p.pos
+	p.fpduOffset = p.stream
+	p.ulpdu = n
+	p.feedCRC(b[:total-CRCLen])
+	copy(p.small[:CRCLen], b[total-CRCLen:total])
+	p.advance(total)
+	if err := p.endFPDU(); err != nil {
+		return total, Event{}, true, err
+	}
+	return total, Event{Kind: Data, Data: b[HeaderLen : HeaderLen+n], ULPDULen: n, End: true}, true, nil
 }
 
 // readMarker consumes up to a whole marker and checks its FPDUPTR once it is
@@ -267,16 +297,14 @@ func (a *Assembler) Feed(b []byte, out [][]byte) ([][]byte, error) {
 		if err != nil {
 			return out, err
 		}
-		switch ev.Kind {
-		case Data:
-			if ev.Offset == 0 {
-				a.cur = make([]byte, 0, ev.ULPDULen)
-			}
-			a.cur = append(a.cur, ev.Data...)
-		case End:
-			if a.cur == nil {
-				a.cur = []byte{}
-			}
+		if ev.Kind != Data {
+			continue
+		}
+		if a.cur == nil {
+			a.cur = make([]byte, 0, ev.ULPDULen)
+		}
+		a.cur = append(a.cur, ev.Data...)
+		if ev.End {
 			out = append(out, a.cur)
 			a.cur = nil
 		}
