@@ -430,13 +430,18 @@ func serve(c *net.TCPConn, s *session) error {
 	if err := waitSent(c); err != nil {
 		return err
 	}
-	// The responder's FPDUs go out while the initiator's arrive.
+	return fullOperation(c, p, s.server, s.sent(true))
+}
+
+// fullOperation sends this side's FPDUs while checking the peer's as they
+// arrive, then closes its half of the connection.
+func fullOperation(c *net.TCPConn, p mpa.Params, mine []step, theirs []fpdu) error {
 	errc := make(chan error, 1)
 	go func() {
 		got, rerr := receive(c, p)
-		errc <- checkReceived(got, rerr, s.sent(true))
+		errc <- checkReceived(got, rerr, theirs)
 	}()
-	if err := writeSteps(c, mpa.NewFramer(p.CRC, p.MarkersTx), p.CRC, s.server); err != nil {
+	if err := writeSteps(c, mpa.NewFramer(p.CRC, p.MarkersTx), p.CRC, mine); err != nil {
 		return err
 	}
 	if err := c.CloseWrite(); err != nil {
@@ -469,18 +474,7 @@ func dial(c *net.TCPConn, s *session) error {
 	if err != nil {
 		return err
 	}
-	errc := make(chan error, 1)
-	go func() {
-		got, rerr := receive(c, p)
-		errc <- checkReceived(got, rerr, s.sent(false))
-	}()
-	if err := writeSteps(c, mpa.NewFramer(p.CRC, p.MarkersTx), p.CRC, s.client); err != nil {
-		return err
-	}
-	if err := c.CloseWrite(); err != nil {
-		return err
-	}
-	return <-errc
+	return fullOperation(c, p, s.client, s.sent(false))
 }
 
 // TestWireDissectedByWireshark runs real TCP sessions carrying MPA startup
