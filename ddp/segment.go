@@ -26,22 +26,10 @@ func ParseSegment(b []byte) (Segment, error) {
 		// cannot be attributed to any buffer.
 		return Segment{}, DDPLocalCatastrophic
 	}
-	if h.DDPVersion() != DDPVersion {
-		if h.Tagged() {
-			return Segment{}, DDPTaggedBadVersion
-		}
-		return Segment{}, DDPUntaggedBadVersion
-	}
-	if h.RDMAPVersion() != RDMAPVersion {
-		return Segment{}, RDMAPInvalidVersion
+	if err := CheckHeader(h); err != nil {
+		return Segment{}, err
 	}
 	info := h.Opcode().Info()
-	if !info.Defined || info.Tagged != h.Tagged() {
-		return Segment{}, RDMAPUnexpectedOpcode
-	}
-	if !h.Tagged() && Untagged(b).QN() != info.QN {
-		return Segment{}, DDPUntaggedInvalidQN
-	}
 	s := Segment{Header: h[:h.Len()]}
 	rest := b[h.Len():]
 	switch {
@@ -56,4 +44,26 @@ func ParseSegment(b []byte) (Segment, error) {
 		s.Body = rest
 	}
 	return s, nil
+}
+
+// CheckHeader makes the receive checks that need only a whole, valid DDP
+// header: DDP version, RDMAP version, opcode and queue number.
+func CheckHeader(h Header) error {
+	if h.DDPVersion() != DDPVersion {
+		if h.Tagged() {
+			return DDPTaggedBadVersion
+		}
+		return DDPUntaggedBadVersion
+	}
+	if h.RDMAPVersion() != RDMAPVersion {
+		return RDMAPInvalidVersion
+	}
+	info := h.Opcode().Info()
+	if !info.Defined || info.Tagged != h.Tagged() {
+		return RDMAPUnexpectedOpcode
+	}
+	if !h.Tagged() && Untagged(h).QN() != info.QN {
+		return DDPUntaggedInvalidQN
+	}
+	return nil
 }

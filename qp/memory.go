@@ -1,0 +1,154 @@
+package qp
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/ddp"
+)
+
+// Access rights of a memory region.
+type Access uint8
+
+// Rights. Local read is implied.
+const (
+	LocalWrite Access = 1 << iota
+	RemoteRead
+	RemoteWrite
+	RemoteAtomic
+)
+
+// MR is a registered memory region: Buf holds the bytes the tagged offsets
+// [Base, Base+len(Buf)) address. The device's STag table owns MRs; the
+// engine only checks and places.
+type MR struct {
+	STag   uint32
+	PD     uint32
+	Access Access
+	Base   uint64
+	Buf    []byte
+
+	invalid atomic.Bool // invalidated locally or by Send with Invalidate
+	dead    atomic.Bool // deregistered
+	// inflight counts work requests that reference the region and
+	// placements under way; deregistration fails while it is non-zero.
+	inflight atomic.Int32
+}
+
+// Memory finds regions by STag for the engine. Lookup returns nil for an
+// STag whose index is free or whose key does not match.
+type Memory interface {
+	Lookup(stag uint32) *MR
+}
+
+// Errors of memory regions.
+var (
+	ErrBusy = errors.New("qp: memory region in use by an operation in flight")
+)
+
+// Valid reports whether the region may be used: registered and not
+// invalidated.
+func (m *MR) Valid() bool { return !m.invalid.Load() && !m.dead.Load() }
+
+// Invalidate marks the region invalid (local invalidate, or a peer's Send
+// with Invalidate).
+func (m *MR) Invalidate() { m.invalid.Store(true) }
+
+// Revalidate makes an invalidated region usable again (fast registration).
+func (m *MR) Revalidate() { m.invalid.Store(false) }
+
+// Deregister marks the region dead unless an operation holds it. After it
+// returns nil no placement can touch Buf, so the owner may unmap it.
+func (m *MR) Deregister() error {
+	if m.inflight.Load() > 0 {
+		return ErrBusy
+	}
+	m.dead.Store(true)
+	// A placement that raced past the first check holds the region now
+	// and will see dead on its next acquire: hand the region back.
+	if m.inflight.Load() > 0 {
+		m.dead.Store(false)
+		return ErrBusy
+	}
+	return nil
+}
+
+// hold takes a reference for an operation; false if the region is gone.
+func (m *MR) hold() bool {
+	m.inflight.Add(1)
+	if m.dead.Load() {
+		m.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (m *MR) release() { m.inflight.Add(-1) }
+
+// slice returns the bytes for [to, to+n) or false when out of bounds, with
+// overflow-safe arithmetic.
+func (m *MR) slice(to uint64, n uint64) ([]byte, bool) {
+	if to < m.Base {
+		return nil, false
+	}
+	off := to - m.Base
+	size := uint64(len(m.Buf))
+	if off > size || n > size-off {
+		return nil, false
+	}
+	return m.Buf[off : off+n], true
+}
+
+// placeTarget resolves a tagged placement of n octets at to in stag for the
+// peer, checking what RFC 5041 §7.1 and RFC 5040 §7 require in their order:
+// a known, valid STag; the QP's protection domain; the access right; the
+// bounds. On success the region is held and must be released.
+func placeTarget(mem Memory, pd, stag uint32, to, n uint64, need Access) (*MR, []byte, error) {
+	m := mem.Lookup(stag)
+	if m == nil || !m.Valid() {
+		return nil, nil, ddp.DDPTaggedInvalidSTag
+	}
+	if m.PD != pd {
+		return nil, nil, ddp.DDPTaggedNotAssoc
+	}
+	if m.Access&need != need {
+		return nil, nil, ddp.RDMAPAccessRights
+	}
+	if to+n < to {
+		return nil, nil, ddp.DDPTaggedTOWrap
+	}
+	b, ok := m.slice(to, n)
+	if !ok {
+		return nil, nil, ddp.DDPTaggedBaseOrBounds
+	}
+	if !m.hold() {
+		return nil, nil, ddp.DDPTaggedInvalidSTag
+	}
+	return m, b, nil
+}
+
+// sourceTarget resolves the source of an RDMA Read or the target of an
+// atomic: RDMAP checks them (RFC 5040 §7, remote protection errors).
+func sourceTarget(mem Memory, pd, stag uint32, to, n uint64, need Access) (*MR, []byte, error) {
+	m := mem.Lookup(stag)
+	if m == nil || !m.Valid() {
+		return nil, nil, ddp.RDMAPInvalidSTag
+	}
+	if m.PD != pd {
+		return nil, nil, ddp.RDMAPSTagNotAssociated
+	}
+	if m.Access&need != need {
+		return nil, nil, ddp.RDMAPAccessRights
+	}
+	if to+n < to {
+		return nil, nil, ddp.RDMAPTOWrap
+	}
+	b, ok := m.slice(to, n)
+	if !ok {
+		return nil, nil, ddp.RDMAPBaseOrBounds
+	}
+	if !m.hold() {
+		return nil, nil, ddp.RDMAPInvalidSTag
+	}
+	return m, b, nil
+}

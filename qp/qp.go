@@ -1,0 +1,519 @@
+// Package qp is the queue pair engine: RFC 5040 states, send-queue
+// processing into FPDUs, receive placement into memory regions, the RDMA
+// Read and atomic responder, Terminate and flush.
+//
+// The engine is a state machine with no goroutines, no clock and no system
+// calls. Its owner (a poller, or the kernel-TCP glue in package rnic) drives
+// it and serialises every call:
+//
+//	PostSend, PostRecv        the consumer's work requests
+//	Receive(stream octets)    in-order bytes from the LLP, placed at once
+//	Transmit(buf) n           FPDUs to hand to the LLP, as many as fit
+//	Sent(total)               the LLP accepted that many octets
+//	Disconnect, LLPClosed     the close paths of digest 004 §6
+//
+// Completions go to the send and receive CQs; connection-level happenings
+// (a Terminate sent or received, the end of the connection) go to the
+// Events callback, exactly one terminal event per QP.
+package qp
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+)
+
+// State is the RFC 5040 QP state (with the transitions of digest 004 §6).
+type State uint8
+
+// States.
+const (
+	Idle State = iota
+	RTS
+	Closing
+	Terminate
+	Error
+)
+
+func (s State) String() string {
+	return [...]string{"IDLE", "RTS", "CLOSING", "TERMINATE", "ERROR"}[s]
+}
+
+// Limits.
+const (
+	MaxSGE    = 8
+	MaxInline = 256
+)
+
+// EventKind classifies connection events.
+type EventKind uint8
+
+// Events.
+const (
+	// TerminateSent: we found a protocol error, sent a Terminate and stop.
+	TerminateSent EventKind = iota
+	// TerminateReceived: the peer reported an error.
+	TerminateReceived
+	// Disconnected: the connection ended gracefully (terminal).
+	Disconnected
+	// Broken: the connection ended abortively or by error (terminal).
+	Broken
+)
+
+func (k EventKind) String() string {
+	return [...]string{"terminate-sent", "terminate-received", "disconnected", "broken"}[k]
+}
+
+// Event is a connection-level happening.
+type Event struct {
+	Kind EventKind
+	Err  error
+}
+
+// Config describes a QP.
+type Config struct {
+	QPN uint32
+	PD  uint32
+	// SQDepth and RQDepth bound the work queues.
+	SQDepth, RQDepth int
+	// IRD and ORD: the most inbound and outbound RDMA Reads and atomics
+	// outstanding (before negotiation; Connect applies the MPA outcome).
+	IRD, ORD int
+	// SendCQ and RecvCQ receive completions; they may be the same CQ.
+	SendCQ, RecvCQ *completion.CQ
+	Mem            Memory
+	// Events receives connection events; it must not block.
+	Events func(Event)
+}
+
+// ErrConfig reports a bad Config.
+var ErrConfig = errors.New("qp: invalid configuration")
+
+// QP is one queue pair.
+type QP struct {
+	cfg   Config
+	state State
+
+	// LLP framing, set by Connect.
+	framer *mpa.Framer
+	parser *mpa.Parser
+	mulpdu int
+	ird    int
+	ord    int
+
+	sq   ring[sqe]
+	txSQ int // index (from head) of the next SQ entry to transmit
+	rq   ring[rqe]
+
+	// MSNs: the next to send per queue, and the next expected per queue.
+	sendMSN, readMSN, atomicRspMSN ddp.MSN
+	expSend, expRead, expAtomicRsp ddp.MSN
+
+	// orq holds our Reads and atomics awaiting responses, in order.
+	orq ring[*sqe]
+	// irq holds the peer's Reads and atomics we owe responses to.
+	irq     ring[irqe]
+	preferQ bool // alternate between responses and the SQ
+
+	rx rxState
+
+	// txPos counts octets produced by Transmit; sentPos those the LLP
+	// accepted.
+	txPos, sentPos uint64
+
+	term     *ddp.TerminateFields // a Terminate waiting to go out
+	termBuf  []byte
+	termDone bool
+	ended    bool // the terminal event was given
+}
+
+// New creates a QP in Idle. Receives may be posted before Connect.
+func New(cfg Config) (*QP, error) {
+	switch {
+	case cfg.SQDepth < 1 || cfg.RQDepth < 1:
+		return nil, fmt.Errorf("%w: queue depths %d/%d", ErrConfig, cfg.SQDepth, cfg.RQDepth)
+	case cfg.IRD < 0 || cfg.ORD < 0 || cfg.IRD > mpa.MaxIRDORD || cfg.ORD > mpa.MaxIRDORD:
+		return nil, fmt.Errorf("%w: IRD %d ORD %d", ErrConfig, cfg.IRD, cfg.ORD)
+	case cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil:
+		return nil, fmt.Errorf("%w: CQs and memory are required", ErrConfig)
+	}
+	q := &QP{cfg: cfg, ird: cfg.IRD, ord: cfg.ORD}
+	q.sq.init(cfg.SQDepth)
+	q.rq.init(cfg.RQDepth)
+	q.orq.init(max(cfg.ORD, 1))
+	q.irq.init(max(cfg.IRD, 1))
+	q.sendMSN, q.readMSN, q.atomicRspMSN = 1, 1, 1
+	q.expSend, q.expRead, q.expAtomicRsp = 1, 1, 1
+	return q, nil
+}
+
+// QPN is the queue pair number.
+func (q *QP) QPN() uint32 { return q.cfg.QPN }
+
+// State is the current state.
+func (q *QP) State() State { return q.state }
+
+// IRD and ORD in force.
+func (q *QP) IRD() int { return q.ird }
+
+// ORD in force.
+func (q *QP) ORD() int { return q.ord }
+
+// Connect moves Idle to RTS with the outcome of MPA startup and the LLP's
+// effective MSS (the FPDU size).
+func (q *QP) Connect(p mpa.Params, emss int) error {
+	if q.state != Idle {
+		return ErrState
+	}
+	q.framer = mpa.NewFramer(p.CRC, p.MarkersTx)
+	q.parser = mpa.NewParser(p.CRC, p.MarkersRx)
+	q.mulpdu = mpa.MULPDU(emss, p.MarkersTx)
+	if p.Enhanced && p.IRD != mpa.MaxIRDORD && p.ORD != mpa.MaxIRDORD {
+		q.ird, q.ord = int(p.IRD), int(p.ORD)
+		if q.ird > q.irq.cap() {
+			q.irq.init(q.ird)
+		}
+		if q.ord > q.orq.cap() {
+			q.orq.init(q.ord)
+		}
+	}
+	q.state = RTS
+	return nil
+}
+
+// sqe is a send-queue entry.
+type sqe struct {
+	wr    SendWR
+	sgl   [MaxSGE]SGE
+	nsge  int
+	bufs  [MaxSGE][]byte
+	mrs   [MaxSGE]*MR
+	total int
+	// inline copy of the data.
+	inline [MaxInline]byte
+	// tx progress: octets put in FPDUs, and the stream position at which
+	// the last octet of this request leaves.
+	sent   int
+	queued bool // every FPDU produced
+	endPos uint64
+	// waiting for a response (Read, atomic).
+	awaiting bool
+	done     bool
+	status   completion.Status
+	err      error
+	result   uint64 // atomic original value
+	readTO   uint64 // Read: next expected sink offset
+}
+
+// rqe is a receive-queue entry.
+type rqe struct {
+	wr    RecvWR
+	sgl   [MaxSGE]SGE
+	nsge  int
+	bufs  [MaxSGE][]byte
+	mrs   [MaxSGE]*MR
+	total int
+	got   int // octets placed
+}
+
+// PostSend queues a send work request. Local buffers are checked and held
+// now; the request completes in order with the others.
+func (q *QP) PostSend(wr *SendWR) error {
+	switch q.state {
+	case Idle, RTS:
+	default:
+		return ErrState
+	}
+	if q.sq.full() {
+		return ErrQueueFull
+	}
+	if len(wr.SGL) > MaxSGE {
+		return ErrTooManySGE
+	}
+	e := q.sq.slot()
+	*e = sqe{wr: *wr}
+	e.wr.SGL = nil
+	e.nsge = copy(e.sgl[:], wr.SGL)
+	var need Access
+	switch wr.Op {
+	case OpSend, OpSendInvalidate, OpWrite, OpImmediate, OpLocalInvalidate:
+	case OpRead:
+		need = LocalWrite
+		if e.nsge != 1 || wr.Flags&Inline != 0 {
+			return fmt.Errorf("%w: a Read takes exactly one SGE", ErrInvalidWR)
+		}
+	case OpFetchAdd, OpCmpSwap:
+		need = LocalWrite
+		if e.nsge != 1 || e.sgl[0].Length != 8 || wr.RemoteTO%8 != 0 {
+			return fmt.Errorf("%w: an atomic takes one 8-octet SGE and an 8-aligned remote offset", ErrInvalidWR)
+		}
+	default:
+		return fmt.Errorf("%w: operation %v", ErrInvalidWR, wr.Op)
+	}
+	if wr.Flags&Inline != 0 {
+		if len(wr.InlineData) > MaxInline {
+			return ErrInlineLimit
+		}
+		e.total = copy(e.inline[:], wr.InlineData)
+		e.bufs[0] = e.inline[:e.total]
+		e.nsge = 1
+	} else if err := q.resolve(e.sgl[:e.nsge], e.bufs[:], e.mrs[:], need, &e.total); err != nil {
+		return err
+	}
+	if wr.Op == OpRead || wr.Op == OpWrite {
+		if e.total > 1<<31 {
+			e.releaseAll()
+			return fmt.Errorf("%w: %d octets", ErrInvalidWR, e.total)
+		}
+	}
+	q.sq.push()
+	return nil
+}
+
+// PostRecv queues a receive buffer. It may be posted in Idle, before the
+// connection exists, so that nothing the peer sends first is dropped.
+func (q *QP) PostRecv(wr *RecvWR) error {
+	switch q.state {
+	case Idle, RTS:
+	default:
+		return ErrState
+	}
+	if q.rq.full() {
+		return ErrQueueFull
+	}
+	if len(wr.SGL) > MaxSGE {
+		return ErrTooManySGE
+	}
+	e := q.rq.slot()
+	*e = rqe{wr: *wr}
+	e.wr.SGL = nil
+	e.nsge = copy(e.sgl[:], wr.SGL)
+	if err := q.resolve(e.sgl[:e.nsge], e.bufs[:], e.mrs[:], LocalWrite, &e.total); err != nil {
+		return err
+	}
+	q.rq.push()
+	return nil
+}
+
+// resolve checks local SGEs against the QP's PD and holds their regions.
+func (q *QP) resolve(sgl []SGE, bufs [][]byte, mrs []*MR, need Access, total *int) error {
+	for i, s := range sgl {
+		m := q.cfg.Mem.Lookup(s.LKey)
+		var b []byte
+		ok := m != nil && m.Valid() && m.PD == q.cfg.PD && m.Access&need == need
+		if ok {
+			b, ok = m.slice(s.Addr, uint64(s.Length))
+		}
+		if !ok || !m.hold() {
+			for j := 0; j < i; j++ {
+				mrs[j].release()
+				mrs[j] = nil
+			}
+			return fmt.Errorf("%w: SGE %d (STag %#x, offset %#x, %d octets)", ErrProtection, i, s.LKey, s.Addr, s.Length)
+		}
+		bufs[i], mrs[i] = b, m
+		*total += int(s.Length)
+	}
+	return nil
+}
+
+func (e *sqe) releaseAll() {
+	for i := range e.mrs {
+		if e.mrs[i] != nil {
+			e.mrs[i].release()
+			e.mrs[i] = nil
+		}
+		e.bufs[i] = nil
+	}
+}
+
+func (e *rqe) releaseAll() {
+	for i := range e.mrs {
+		if e.mrs[i] != nil {
+			e.mrs[i].release()
+			e.mrs[i] = nil
+		}
+		e.bufs[i] = nil
+	}
+}
+
+var sendCompletionOp = [...]completion.Opcode{
+	OpSend: completion.OpSend, OpSendInvalidate: completion.OpSend, OpWrite: completion.OpWrite,
+	OpRead: completion.OpRead, OpFetchAdd: completion.OpFetchAdd, OpCmpSwap: completion.OpCmpSwap,
+	OpLocalInvalidate: completion.OpLocalInvalidate, OpImmediate: completion.OpImmediate,
+}
+
+// retire completes send requests from the head while they are done, so
+// completions appear in posting order.
+func (q *QP) retire() {
+	for q.sq.len() > 0 {
+		e := q.sq.at(0)
+		if !e.done {
+			if e.queued && !e.awaiting && q.sentPos >= e.endPos {
+				e.done = true
+			} else {
+				return
+			}
+		}
+		if e.status != completion.Success || e.wr.Flags&Signaled != 0 {
+			c := completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: sendCompletionOp[e.wr.Op],
+				Status: e.status, Err: e.err}
+			if e.status == completion.Success {
+				c.ByteLen = uint32(e.total)
+			}
+			q.push(q.cfg.SendCQ, c)
+		}
+		e.releaseAll()
+		*e = sqe{}
+		q.sq.pop()
+		if q.txSQ > 0 {
+			q.txSQ--
+		}
+	}
+}
+
+// push delivers a completion; an overrun is fatal to the QP.
+func (q *QP) push(cq *completion.CQ, c completion.Completion) {
+	if err := cq.Push(c); err != nil && q.state != Error {
+		q.fail(err)
+	}
+}
+
+// Sent tells the engine the LLP has accepted the stream up to total octets.
+func (q *QP) Sent(total uint64) {
+	if total > q.txPos {
+		panic("qp: Sent beyond what Transmit produced")
+	}
+	q.sentPos = total
+	q.retire()
+	if q.term != nil && q.termDone && q.sentPos == q.txPos && q.state == Terminate {
+		// RFC 5040 §6.2.1: after the Terminate, the LLP is closed.
+		q.enterError(q.termCause(), Broken)
+	}
+}
+
+func (q *QP) termCause() error {
+	if q.term == nil {
+		return nil
+	}
+	return q.term.Error
+}
+
+// Disconnect starts a local close. Graceful: no new requests, the posted
+// ones finish, then the owner closes the LLP and reports LLPClosed.
+// Abortive: the QP goes to Error at once and everything is flushed.
+func (q *QP) Disconnect(graceful bool) {
+	switch {
+	case q.state == Error:
+	case graceful && q.state == RTS:
+		q.state = Closing
+	case graceful && q.state == Idle:
+		q.enterError(nil, Disconnected)
+	default:
+		q.enterError(errors.New("qp: aborted locally"), Broken)
+	}
+}
+
+// Drained reports that a closing QP has nothing left to send, so the owner
+// may send its FIN.
+func (q *QP) Drained() bool {
+	return (q.state == Closing || q.state == Terminate) && !q.hasWork() && q.sentPos == q.txPos
+}
+
+// LLPClosed tells the engine the connection ended: err nil for an orderly
+// close (FIN both ways), else a reset or loss.
+func (q *QP) LLPClosed(err error) {
+	if q.state == Error {
+		return
+	}
+	if err == nil && q.state != Terminate {
+		// Our close completing, or the peer's FIN (digest 004 §6,
+		// remote graceful close): what is outstanding is flushed.
+		q.enterError(nil, Disconnected)
+		return
+	}
+	if err == nil {
+		err = ddp.LLPConnectionLost
+	}
+	q.enterError(err, Broken)
+}
+
+// fail is a local catastrophic error.
+func (q *QP) fail(err error) { q.enterError(err, Broken) }
+
+// enterError moves to Error, flushes every outstanding request and gives
+// the terminal event once.
+func (q *QP) enterError(err error, kind EventKind) {
+	q.state = Error
+	q.rx.drop(q)
+	for q.irq.len() > 0 {
+		q.irq.at(0).release()
+		q.irq.pop()
+	}
+	for q.orq.len() > 0 {
+		q.orq.pop()
+	}
+	for i := 0; i < q.sq.len(); i++ {
+		e := q.sq.at(i)
+		if !e.done {
+			e.done = true
+			e.awaiting = false
+			if e.status == completion.Success {
+				e.status = completion.FlushError
+				e.err = err
+			}
+		}
+	}
+	q.retire()
+	for q.rq.len() > 0 {
+		e := q.rq.at(0)
+		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
+			Status: completion.FlushError, Err: err})
+		e.releaseAll()
+		q.rq.pop()
+	}
+	if !q.ended {
+		q.ended = true
+		q.event(Event{Kind: kind, Err: err})
+	}
+}
+
+func (q *QP) event(e Event) {
+	if q.cfg.Events != nil {
+		q.cfg.Events(e)
+	}
+}
+
+// ring is a fixed-capacity FIFO.
+type ring[T any] struct {
+	buf  []T
+	head int
+	n    int
+}
+
+func (r *ring[T]) init(n int) {
+	old := *r
+	r.buf = make([]T, n)
+	r.head, r.n = 0, 0
+	for i := 0; i < old.n; i++ {
+		r.buf[i] = old.buf[(old.head+i)%len(old.buf)]
+		r.n++
+	}
+}
+func (r *ring[T]) cap() int    { return len(r.buf) }
+func (r *ring[T]) len() int    { return r.n }
+func (r *ring[T]) full() bool  { return r.n == len(r.buf) }
+func (r *ring[T]) at(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
+
+// slot is the entry push will add.
+func (r *ring[T]) slot() *T { return &r.buf[(r.head+r.n)%len(r.buf)] }
+func (r *ring[T]) push()    { r.n++ }
+func (r *ring[T]) pop() {
+	var zero T
+	r.buf[r.head] = zero
+	r.head = (r.head + 1) % len(r.buf)
+	r.n--
+}

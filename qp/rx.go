@@ -1,0 +1,454 @@
+package qp
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+)
+
+type rxMode uint8
+
+const (
+	rxHeader   rxMode = iota // collecting the DDP header and fixed body
+	rxTagged                 // placing into dst
+	rxUntagged               // placing into the head receive buffer
+	rxDone                   // header handled, no payload expected
+)
+
+// rxState is where the receive path stands inside the current DDP segment.
+// Only the header and fixed body are ever copied; payload goes straight
+// from the LLP's bytes into its target.
+type rxState struct {
+	hdr  [maxHeader]byte
+	have int
+	need int
+	ulen int
+	mode rxMode
+	hlen int
+	dst  []byte
+	mr   *MR
+	mo   int
+	// stopped: a Terminate was decided; further input is discarded.
+	stopped bool
+}
+
+func (r *rxState) drop(q *QP) {
+	if r.mr != nil {
+		r.mr.release()
+		r.mr = nil
+	}
+	r.dst = nil
+	r.stopped = true
+}
+
+// Receive takes in-order octets of the LLP stream. Payload is placed as it
+// arrives; completions are pushed when messages end. Protocol errors are
+// handled inside (a Terminate is queued); Receive itself only fails on
+// misuse.
+func (q *QP) Receive(b []byte) {
+	for len(b) > 0 && !q.rx.stopped && (q.state == RTS || q.state == Closing) {
+		n, ev, err := q.parser.Next(b)
+		b = b[n:]
+		if err != nil {
+			var te ddp.TerminateError
+			if !errors.As(err, &te) {
+				te = ddp.LLPLocalCatastrophic
+			}
+			q.terminate(te)
+			return
+		}
+		if ev.Kind == mpa.Data {
+			q.rxData(ev)
+		}
+	}
+}
+
+func (q *QP) rxData(ev mpa.Event) {
+	r := &q.rx
+	data := ev.Data
+	if ev.Offset == 0 {
+		if r.mr != nil {
+			r.mr.release()
+		}
+		*r = rxState{hdr: r.hdr, need: ddp.ControlLen, ulen: ev.ULPDULen}
+	}
+	for len(data) > 0 && r.mode == rxHeader {
+		k := copy(r.hdr[r.have:r.need], data)
+		r.have += k
+		data = data[k:]
+		if r.have < r.need {
+			break
+		}
+		if !q.rxHeaderStep() {
+			return
+		}
+	}
+	if len(data) > 0 {
+		q.place(data)
+		if r.stopped {
+			return
+		}
+	}
+	if ev.End {
+		if r.mode == rxHeader {
+			// The ULPDU ended before its header did.
+			q.terminate(ddp.DDPLocalCatastrophic)
+			return
+		}
+		q.rxEnd()
+	}
+}
+
+// rxHeaderStep advances once r.have == r.need; false stops the segment.
+func (q *QP) rxHeaderStep() bool {
+	r := &q.rx
+	h := ddp.Header(r.hdr[:r.have])
+	switch {
+	case r.have == ddp.ControlLen:
+		r.hlen = h.Len()
+		r.need = r.hlen
+		if r.ulen < r.hlen {
+			q.terminate(ddp.DDPLocalCatastrophic)
+			return false
+		}
+		return true
+	case r.have == r.hlen:
+		// RFC 5041 §7.1 then RFC 5040 §7: versions, opcode, queue.
+		if err := ddp.CheckHeader(h); err != nil {
+			q.terminate(err)
+			return false
+		}
+		info := h.Opcode().Info()
+		switch {
+		case h.Opcode() == ddp.OpTerminate:
+			r.need = min(r.ulen, maxHeader)
+		case info.BodyLen > 0:
+			if r.ulen != r.hlen+info.BodyLen {
+				q.terminate(ddp.RDMAPOperationUnspecified)
+				return false
+			}
+			r.need = r.hlen + info.BodyLen
+		}
+		if r.need > r.have {
+			return true
+		}
+	}
+	return q.startSegment()
+}
+
+// payloadLen is the payload of the current segment.
+func (r *rxState) payloadLen() int { return r.ulen - r.need }
+
+// startSegment validates the complete header and body and picks the target.
+func (q *QP) startSegment() bool {
+	r := &q.rx
+	h := ddp.Header(r.hdr[:r.hlen])
+	op := h.Opcode()
+	plen := uint64(r.payloadLen())
+	switch op {
+	case ddp.OpWrite:
+		t := ddp.Tagged(h)
+		m, dst, err := placeTarget(q.cfg.Mem, q.cfg.PD, t.STag(), t.TO(), plen, RemoteWrite)
+		if err != nil {
+			q.terminate(err)
+			return false
+		}
+		r.mr, r.dst, r.mode = m, dst, rxTagged
+	case ddp.OpReadResponse:
+		t := ddp.Tagged(h)
+		if q.orq.len() == 0 || (*q.orq.at(0)).wr.Op != OpRead {
+			q.terminate(ddp.RDMAPUnexpectedOpcode)
+			return false
+		}
+		e := *q.orq.at(0)
+		sink := e.sgl[0]
+		if t.STag() != sink.LKey {
+			q.terminate(ddp.DDPTaggedInvalidSTag)
+			return false
+		}
+		// In order, inside the sink: RFC 5040 §5.2 responses come in
+		// order, so the next one starts where the last ended.
+		if t.TO() != e.readTO || t.TO()+plen > sink.Addr+uint64(sink.Length) || t.TO()+plen < t.TO() {
+			q.terminate(ddp.DDPTaggedBaseOrBounds)
+			return false
+		}
+		off := t.TO() - sink.Addr
+		r.dst, r.mode = e.bufs[0][off:off+plen], rxTagged
+		e.readTO += plen
+	case ddp.OpSend, ddp.OpSendInvalidate, ddp.OpSendSE, ddp.OpSendSEInvalidate:
+		u := ddp.Untagged(h)
+		if err := q.checkUntagged(u, &q.expSend); err != nil {
+			q.terminate(err)
+			return false
+		}
+		e := q.rq.at(0)
+		mo := int(u.MO())
+		if mo != e.got {
+			q.terminate(ddp.DDPUntaggedInvalidMO)
+			return false
+		}
+		if mo+int(plen) > e.total {
+			q.terminate(ddp.DDPUntaggedTooLong)
+			return false
+		}
+		r.mo, r.mode = mo, rxUntagged
+	case ddp.OpImmediateData, ddp.OpImmediateDataSE:
+		if err := q.checkUntagged(ddp.Untagged(h), &q.expSend); err != nil {
+			q.terminate(err)
+			return false
+		}
+		r.mode = rxDone
+	case ddp.OpReadRequest, ddp.OpAtomicRequest:
+		if err := q.rxRequest(op); err != nil {
+			q.terminate(err)
+			return false
+		}
+		r.mode = rxDone
+	case ddp.OpAtomicResponse:
+		u := ddp.Untagged(h)
+		if u.MSN() != q.expAtomicRsp || q.orq.len() == 0 || !(*q.orq.at(0)).isAtomic() {
+			q.terminate(ddp.DDPUntaggedMSNRange)
+			return false
+		}
+		r.mode = rxDone
+	case ddp.OpTerminate:
+		r.mode = rxDone
+	}
+	return true
+}
+
+func (e *sqe) isAtomic() bool { return e.wr.Op == OpFetchAdd || e.wr.Op == OpCmpSwap }
+
+// checkUntagged checks the MSN of a message for queue 0 against the posted
+// receives (RFC 5041 §7.1 untagged checks).
+func (q *QP) checkUntagged(u ddp.Untagged, exp *ddp.MSN) error {
+	if q.rq.len() == 0 {
+		return ddp.DDPUntaggedNoBuffer
+	}
+	if u.MSN() != *exp {
+		if u.MSN().InWindow(*exp, uint32(q.rq.len())) {
+			// A later message before this one ended: out of order.
+			return ddp.DDPUntaggedInvalidMO
+		}
+		return ddp.DDPUntaggedMSNRange
+	}
+	return nil
+}
+
+// rxRequest queues an inbound Read or atomic request after RDMAP's checks.
+func (q *QP) rxRequest(op ddp.Opcode) error {
+	r := &q.rx
+	u := ddp.Untagged(r.hdr[:r.hlen])
+	if !u.Header().Last() || u.MO() != 0 {
+		return ddp.DDPUntaggedInvalidMO
+	}
+	if u.MSN() != q.expRead {
+		return ddp.DDPUntaggedMSNRange
+	}
+	if q.irq.len() >= q.ird || q.irq.full() {
+		// More than IRD outstanding (RFC 5040 §6.1): the stream is lost.
+		return ddp.RDMAPCatastrophicLocalStream
+	}
+	body := r.hdr[r.hlen:r.need]
+	e := q.irq.slot()
+	if op == ddp.OpReadRequest {
+		rr := ddp.ReadRequest(body)
+		m, src, err := sourceTarget(q.cfg.Mem, q.cfg.PD, rr.SrcSTag(), rr.SrcTO(), uint64(rr.Size()), RemoteRead)
+		if err != nil {
+			return err
+		}
+		*e = irqe{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), size: int(rr.Size()), src: src, mr: m}
+	} else {
+		f := ddp.AtomicRequest(body).Fields()
+		if f.Op != ddp.AtomicFetchAdd && f.Op != ddp.AtomicCmpSwap {
+			return ddp.RDMAPUnexpectedOpcode
+		}
+		if f.RemoteTO%8 != 0 {
+			// RFC 7306 §5: a misaligned target is an operation error.
+			return ddp.RDMAPCatastrophicLocalStream
+		}
+		m, target, err := sourceTarget(q.cfg.Mem, q.cfg.PD, f.RemoteSTag, f.RemoteTO, 8, RemoteAtomic)
+		if err != nil {
+			return err
+		}
+		*e = irqe{atomic: true, src: target, mr: m, req: f}
+	}
+	q.irq.push()
+	return nil
+}
+
+// place copies payload octets to their target.
+func (q *QP) place(data []byte) {
+	r := &q.rx
+	switch r.mode {
+	case rxTagged:
+		n := copy(r.dst, data)
+		r.dst = r.dst[n:]
+	case rxUntagged:
+		e := q.rq.at(0)
+		off, n := r.mo, len(data)
+		for i := 0; i < e.nsge && len(data) > 0; i++ {
+			b := e.bufs[i]
+			if off >= len(b) {
+				off -= len(b)
+				continue
+			}
+			n := copy(b[off:], data)
+			data = data[n:]
+			off = 0
+		}
+		r.mo += n // startSegment checked that it all fits
+		e.got = r.mo
+	default:
+		// Segments without payload that carry some anyway.
+		q.terminate(ddp.RDMAPOperationUnspecified)
+	}
+}
+
+// rxEnd finishes a segment whose octets (and CRC) all arrived.
+func (q *QP) rxEnd() {
+	r := &q.rx
+	h := ddp.Header(r.hdr[:r.hlen])
+	if r.mr != nil {
+		r.mr.release()
+		r.mr = nil
+	}
+	last := h.Last()
+	switch op := h.Opcode(); op {
+	case ddp.OpReadResponse:
+		e := *q.orq.at(0)
+		if last {
+			if e.readTO != e.sgl[0].Addr+uint64(e.sgl[0].Length) {
+				q.terminate(ddp.DDPTaggedBaseOrBounds)
+				return
+			}
+			e.awaiting = false
+			e.done = true
+			q.orq.pop()
+			q.retire()
+		}
+	case ddp.OpSend, ddp.OpSendInvalidate, ddp.OpSendSE, ddp.OpSendSEInvalidate:
+		e := q.rq.at(0)
+		e.got = r.mo
+		if !last {
+			return
+		}
+		c := completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecv, ByteLen: uint32(e.got),
+			Solicited: op == ddp.OpSendSE || op == ddp.OpSendSEInvalidate}
+		if op == ddp.OpSendInvalidate || op == ddp.OpSendSEInvalidate {
+			stag := ddp.Untagged(h).InvalidateSTag()
+			// RFC 5040 §5.3: the STag is invalidated before the
+			// completion is visible.
+			m := q.cfg.Mem.Lookup(stag)
+			if m == nil || m.PD != q.cfg.PD {
+				q.terminate(ddp.RDMAPProtectionCannotInv)
+				return
+			}
+			m.Invalidate()
+			c.Invalidated, c.HasInvalidated = stag, true
+		}
+		e.releaseAll()
+		q.rq.pop()
+		q.expSend++
+		q.push(q.cfg.RecvCQ, c)
+	case ddp.OpImmediateData, ddp.OpImmediateDataSE:
+		e := q.rq.at(0)
+		c := completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecvImmediate,
+			Solicited: op == ddp.OpImmediateDataSE}
+		copy(c.Immediate[:], r.hdr[r.hlen:r.need])
+		e.releaseAll()
+		q.rq.pop()
+		q.expSend++
+		q.push(q.cfg.RecvCQ, c)
+	case ddp.OpReadRequest, ddp.OpAtomicRequest:
+		q.expRead++
+	case ddp.OpAtomicResponse:
+		e := *q.orq.at(0)
+		rsp := ddp.AtomicResponse(r.hdr[r.hlen:r.need])
+		binary.NativeEndian.PutUint64(e.bufs[0], rsp.Value())
+		e.result = rsp.Value()
+		e.awaiting = false
+		e.done = true
+		q.orq.pop()
+		q.expAtomicRsp++
+		q.retire()
+	case ddp.OpTerminate:
+		q.rxTerminate(ddp.Terminate(r.hdr[r.hlen:r.need]))
+	}
+}
+
+// PeerTerminateError is the error of a QP whose peer sent a Terminate.
+type PeerTerminateError struct{ Cause ddp.TerminateError }
+
+func (e *PeerTerminateError) Error() string { return fmt.Sprintf("qp: peer terminated: %v", e.Cause) }
+
+// Unwrap gives the cause.
+func (e *PeerTerminateError) Unwrap() error { return e.Cause }
+
+func (q *QP) rxTerminate(t ddp.Terminate) {
+	cause := ddp.RDMAPOperationUnspecified
+	if t.IsValid() {
+		cause = t.Cause()
+	}
+	err := &PeerTerminateError{Cause: cause}
+	// The oldest Read or atomic, if any, is what the peer refused.
+	if q.orq.len() > 0 {
+		e := *q.orq.at(0)
+		e.status = statusFor(cause)
+		e.err = err
+	}
+	q.event(Event{Kind: TerminateReceived, Err: err})
+	q.enterError(err, Broken)
+}
+
+func statusFor(c ddp.TerminateError) completion.Status {
+	switch {
+	case c.Layer == ddp.LayerRDMAP && c.Type == 1, c.Layer == ddp.LayerDDP && c.Type == 1:
+		return completion.RemoteAccessError
+	case c.Layer == ddp.LayerRDMAP:
+		return completion.RemoteOperationError
+	default:
+		return completion.RemoteInvalidRequest
+	}
+}
+
+// terminate decides a Terminate for cause: the headers of the segment at
+// fault go with it (RFC 5040 §4.8, Figure 10), the QP stops receiving, and
+// after the Terminate is sent it goes to Error.
+func (q *QP) terminate(cause error) {
+	if q.term != nil || q.state == Error {
+		return
+	}
+	var te ddp.TerminateError
+	if !errors.As(cause, &te) {
+		te = ddp.RDMAPLocalCatastrophic
+	}
+	r := &q.rx
+	f := &ddp.TerminateFields{Error: te}
+	if te.Layer != ddp.LayerLLP && r.hlen > 0 && r.have >= r.hlen {
+		f.DDPHeader = append([]byte(nil), r.hdr[:r.hlen]...)
+		f.SegmentLenValid = true
+		f.SegmentLen = uint16(r.ulen)
+		h := ddp.Header(r.hdr[:r.hlen])
+		if te.Layer == ddp.LayerRDMAP && te.Type == 1 && h.Opcode() == ddp.OpReadRequest && r.have >= r.hlen+ddp.ReadRequestLen {
+			f.RDMAPHeader = append([]byte(nil), r.hdr[r.hlen:r.hlen+ddp.ReadRequestLen]...)
+		}
+	}
+	q.term = f
+	q.rx.drop(q)
+	q.state = Terminate
+	// A Read or atomic whose response broke the protocol fails with that.
+	if r.hlen > 0 && q.orq.len() > 0 && (ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpReadResponse ||
+		ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpAtomicResponse) {
+		e := *q.orq.at(0)
+		if e.status == completion.Success {
+			e.status = completion.BadResponse
+			e.err = te
+		}
+	}
+	q.event(Event{Kind: TerminateSent, Err: te})
+}

@@ -1,0 +1,266 @@
+package qp
+
+import (
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
+)
+
+// maxHeader holds the largest DDP header plus fixed RDMAP body.
+const maxHeader = ddp.UntaggedHeaderLen + ddp.AtomicRequestLen
+
+// irqe is an inbound Read or atomic request we owe a response to.
+type irqe struct {
+	atomic   bool
+	sinkSTag uint32
+	sinkTO   uint64
+	size     int
+	sent     int
+	src      []byte
+	mr       *MR
+	// atomics
+	req ddp.AtomicRequestFields
+}
+
+func (e *irqe) release() {
+	if e.mr != nil {
+		e.mr.release()
+		e.mr = nil
+	}
+	e.src = nil
+}
+
+// hasWork reports whether Transmit would produce anything.
+func (q *QP) hasWork() bool {
+	if q.term != nil {
+		return !q.termDone
+	}
+	if q.state != RTS && q.state != Closing {
+		return false
+	}
+	return q.irq.len() > 0 || q.sqReady()
+}
+
+// Pending reports whether Transmit has FPDUs to produce.
+func (q *QP) Pending() bool { return q.hasWork() }
+
+// sqReady reports whether the next send request can go now.
+func (q *QP) sqReady() bool {
+	if q.txSQ >= q.sq.len() {
+		return false
+	}
+	e := q.sq.at(q.txSQ)
+	if e.wr.Flags&Fence != 0 && e.sent == 0 && q.orq.len() > 0 {
+		return false
+	}
+	if (e.wr.Op == OpRead || e.wr.Op == OpFetchAdd || e.wr.Op == OpCmpSwap) && q.orq.len() >= max(q.ord, 0) {
+		return false
+	}
+	return true
+}
+
+// Transmit fills buf with whole FPDUs (as many as fit) and returns their
+// length. The owner hands them to the LLP and reports Sent.
+func (q *QP) Transmit(buf []byte) int {
+	out := buf[:0]
+	for {
+		var ok bool
+		if q.term != nil {
+			if !q.termDone {
+				out, ok = q.txTerminate(out)
+			}
+			break
+		}
+		if q.state != RTS && q.state != Closing {
+			break
+		}
+		resp, sq := q.irq.len() > 0, q.sqReady()
+		switch {
+		case resp && (!sq || q.preferQ):
+			out, ok = q.txResponse(out)
+		case sq:
+			out, ok = q.txSend(out)
+		}
+		q.preferQ = !q.preferQ
+		if !ok {
+			break
+		}
+	}
+	q.txPos += uint64(len(out))
+	return len(out)
+}
+
+// fpdu frames one ULPDU into out if it fits.
+func (q *QP) fpdu(out, hdr, payload []byte) ([]byte, bool) {
+	if q.framer.WireLen(len(hdr)+len(payload)) > cap(out)-len(out) {
+		return out, false
+	}
+	return q.framer.Append(out, hdr, payload), true
+}
+
+// chunk returns the next run of a request's data: at most max octets, within
+// one SGE.
+func chunk(bufs [][]byte, nsge, off, limit int) []byte {
+	for i := 0; i < nsge; i++ {
+		if off < len(bufs[i]) {
+			b := bufs[i][off:]
+			return b[:min(len(b), limit)]
+		}
+		off -= len(bufs[i])
+	}
+	return nil
+}
+
+func (q *QP) txSend(out []byte) ([]byte, bool) {
+	e := q.sq.at(q.txSQ)
+	var hdr [maxHeader]byte
+	var ok bool
+	switch e.wr.Op {
+	case OpSend, OpSendInvalidate:
+		op := ddp.OpSend
+		if e.wr.Op == OpSendInvalidate {
+			op = ddp.OpSendInvalidate
+		}
+		if e.wr.Flags&Solicited != 0 {
+			op += ddp.OpSendSE - ddp.OpSend
+		}
+		p := chunk(e.bufs[:], e.nsge, e.sent, q.mulpdu-ddp.UntaggedHeaderLen)
+		last := e.sent+len(p) == e.total
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: last, Opcode: op, InvalidateSTag: e.wr.InvalidateSTag,
+			QN: ddp.QNSend, MSN: q.sendMSN, MO: uint32(e.sent)})
+		if out, ok = q.fpdu(out, hdr[:ddp.UntaggedHeaderLen], p); !ok {
+			return out, false
+		}
+		e.sent += len(p)
+		if last {
+			q.sendMSN++
+			q.queued(e, len(out))
+		}
+	case OpImmediate:
+		op := ddp.OpImmediateData
+		if e.wr.Flags&Solicited != 0 {
+			op = ddp.OpImmediateDataSE
+		}
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: op, QN: ddp.QNSend, MSN: q.sendMSN})
+		copy(hdr[ddp.UntaggedHeaderLen:], e.wr.Immediate[:])
+		if out, ok = q.fpdu(out, hdr[:ddp.UntaggedHeaderLen+ddp.ImmediateDataLen], nil); !ok {
+			return out, false
+		}
+		q.sendMSN++
+		q.queued(e, len(out))
+	case OpWrite:
+		p := chunk(e.bufs[:], e.nsge, e.sent, q.mulpdu-ddp.TaggedHeaderLen)
+		last := e.sent+len(p) == e.total
+		ddp.Tagged(hdr[:]).Encode(&ddp.TaggedFields{Last: last, Opcode: ddp.OpWrite, STag: e.wr.RemoteSTag,
+			TO: e.wr.RemoteTO + uint64(e.sent)})
+		if out, ok = q.fpdu(out, hdr[:ddp.TaggedHeaderLen], p); !ok {
+			return out, false
+		}
+		e.sent += len(p)
+		if last {
+			q.queued(e, len(out))
+		}
+	case OpRead:
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpReadRequest, QN: ddp.QNReadRequest, MSN: q.readMSN})
+		ddp.ReadRequest(hdr[ddp.UntaggedHeaderLen:]).Encode(&ddp.ReadRequestFields{
+			SinkSTag: e.sgl[0].LKey, SinkTO: e.sgl[0].Addr, Size: uint32(e.total),
+			SrcSTag: e.wr.RemoteSTag, SrcTO: e.wr.RemoteTO})
+		if out, ok = q.fpdu(out, hdr[:ddp.UntaggedHeaderLen+ddp.ReadRequestLen], nil); !ok {
+			return out, false
+		}
+		q.readMSN++
+		e.awaiting = true
+		e.readTO = e.sgl[0].Addr
+		*q.orq.slot() = e
+		q.orq.push()
+		q.queued(e, len(out))
+	case OpFetchAdd, OpCmpSwap:
+		f := ddp.AtomicRequestFields{RequestID: uint32(q.readMSN), RemoteSTag: e.wr.RemoteSTag, RemoteTO: e.wr.RemoteTO,
+			CompareMask: ^uint64(0)}
+		if e.wr.Op == OpFetchAdd {
+			f.Op, f.AddSwapData = ddp.AtomicFetchAdd, e.wr.Add
+		} else {
+			f.Op, f.AddSwapData, f.AddSwapMask, f.CompareData = ddp.AtomicCmpSwap, e.wr.Swap, ^uint64(0), e.wr.Compare
+		}
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpAtomicRequest, QN: ddp.QNReadRequest, MSN: q.readMSN})
+		ddp.AtomicRequest(hdr[ddp.UntaggedHeaderLen:]).Encode(&f)
+		if out, ok = q.fpdu(out, hdr[:ddp.UntaggedHeaderLen+ddp.AtomicRequestLen], nil); !ok {
+			return out, false
+		}
+		q.readMSN++
+		e.awaiting = true
+		*q.orq.slot() = e
+		q.orq.push()
+		q.queued(e, len(out))
+	case OpLocalInvalidate:
+		m := q.cfg.Mem.Lookup(e.wr.InvalidateSTag)
+		if m == nil || m.PD != q.cfg.PD {
+			e.status = completion.LocalProtectionError
+			e.err = ErrProtection
+		} else {
+			m.Invalidate()
+		}
+		q.queued(e, len(out))
+	}
+	return out, true
+}
+
+// queued marks a send request wholly framed; it completes once the LLP has
+// taken its last octet (or, for Reads and atomics, when the response comes).
+func (q *QP) queued(e *sqe, after int) {
+	e.queued = true
+	e.endPos = q.txPos + uint64(after)
+	q.txSQ++
+}
+
+func (q *QP) txResponse(out []byte) ([]byte, bool) {
+	e := q.irq.at(0)
+	var hdr [maxHeader]byte
+	var ok bool
+	if e.atomic {
+		const rspLen = ddp.UntaggedHeaderLen + ddp.AtomicResponseLen
+		// Check room first: an atomic is executed exactly once.
+		if q.framer.WireLen(rspLen) > cap(out)-len(out) {
+			return out, false
+		}
+		orig, err := executeAtomic(e.src, &e.req)
+		if err != nil {
+			q.terminate(err)
+			return out, true
+		}
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpAtomicResponse, QN: ddp.QNAtomicResponse, MSN: q.atomicRspMSN})
+		ddp.AtomicResponse(hdr[ddp.UntaggedHeaderLen:]).Encode(e.req.RequestID, orig)
+		out, _ = q.fpdu(out, hdr[:rspLen], nil)
+		q.atomicRspMSN++
+		e.release()
+		q.irq.pop()
+		return out, true
+	}
+	p := e.src[e.sent:]
+	p = p[:min(len(p), q.mulpdu-ddp.TaggedHeaderLen)]
+	last := e.sent+len(p) == e.size
+	ddp.Tagged(hdr[:]).Encode(&ddp.TaggedFields{Last: last, Opcode: ddp.OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO + uint64(e.sent)})
+	if out, ok = q.fpdu(out, hdr[:ddp.TaggedHeaderLen], p); !ok {
+		return out, false
+	}
+	e.sent += len(p)
+	if last {
+		e.release()
+		q.irq.pop()
+	}
+	return out, true
+}
+
+func (q *QP) txTerminate(out []byte) ([]byte, bool) {
+	var hdr [ddp.UntaggedHeaderLen]byte
+	ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpTerminate, QN: ddp.QNTerminate, MSN: 1})
+	if cap(q.termBuf) < q.term.Len() {
+		q.termBuf = make([]byte, q.term.Len())
+	}
+	body := q.termBuf[:q.term.Len()]
+	ddp.Terminate(body).Encode(q.term)
+	out, ok := q.fpdu(out, hdr[:], body)
+	if ok {
+		q.termDone = true
+	}
+	return out, ok
+}
