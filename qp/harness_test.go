@@ -108,10 +108,10 @@ func newPair(t testing.TB, o pairOpts) (a, b *side) {
 	a, b = newSide(t, 1, 7, o), newSide(t, 2, 9, o)
 	if !o.connectOff {
 		p := mpa.Params{CRC: o.crc, MarkersTx: o.markers, MarkersRx: o.markers}
-		if err := a.q.Connect(p, o.emss); err != nil {
+		if err := a.q.Connect(p, o.emss, true); err != nil {
 			t.Fatal(err)
 		}
-		if err := b.q.Connect(p, o.emss); err != nil {
+		if err := b.q.Connect(p, o.emss, false); err != nil {
 			t.Fatal(err)
 		}
 	}

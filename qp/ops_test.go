@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
 )
 
 const pdA, pdB = 7, 9
@@ -367,4 +368,59 @@ func TestDeregisterWhileInUse(t *testing.T) {
 	newLink(a, b, 0).pump()
 	poll(b.rcq)
 	must(t, rb.Deregister())
+}
+
+func TestPeerToPeerRTR(t *testing.T) {
+	for _, rtr := range []mpa.RTR{mpa.RTRWrite, mpa.RTRRead, mpa.RTRSend} {
+		t.Run(rtr.String(), func(t *testing.T) {
+			a, b := newPair(t, pairOpts{connectOff: true})
+			p := mpa.Params{CRC: true, PeerToPeer: true, RTR: rtr}
+			must(t, a.q.Connect(p, 1448, true))
+			must(t, b.q.Connect(p, 1448, false))
+			rb := b.mem.reg(t, pdB, 64, LocalWrite)
+			ra := a.mem.reg(t, pdA, 64, LocalWrite)
+			if rtr == mpa.RTRSend {
+				// The zero-length Send RTR uses a posted receive.
+				must(t, b.q.PostRecv(&RecvWR{ID: 99, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+			}
+			must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+			must(t, a.q.PostRecv(&RecvWR{ID: 2, SGL: []SGE{{LKey: ra.STag, Addr: ra.Base, Length: 64}}}))
+			// The responder has something to say but must wait for the
+			// initiator's first FPDU: the RTR.
+			must(t, b.q.PostSend(&SendWR{ID: 3, Op: OpSend, Flags: Signaled | Inline, InlineData: []byte("server first")}))
+			var buf [4096]byte
+			if n := b.q.Transmit(buf[:]); n != 0 {
+				t.Fatalf("responder sent %d octets before hearing from the initiator", n)
+			}
+			n := a.q.Transmit(buf[:])
+			if n == 0 {
+				t.Fatal("initiator sent no RTR")
+			}
+			first, err := mpa.NewAssembler(true, false).Feed(buf[:n], nil)
+			if err != nil || len(first) != 1 || len(first[0]) > ddp.UntaggedHeaderLen+ddp.ReadRequestLen {
+				t.Fatalf("RTR: %d ULPDUs %v", len(first), err)
+			}
+			a.sentTot = uint64(n)
+			a.q.Sent(a.sentTot)
+			b.q.Receive(buf[:n])
+			must(t, a.q.PostSend(&SendWR{ID: 4, Op: OpSend, Flags: Signaled | Inline, InlineData: []byte("client")}))
+			newLink(a, b, 0).pump()
+			if rc := poll(a.rcq); len(rc) != 1 || rc[0].ByteLen != 12 {
+				t.Fatalf("initiator received %+v", rc)
+			}
+			rc := poll(b.rcq)
+			if rtr == mpa.RTRSend {
+				if len(rc) != 2 || rc[0].ID != 99 || rc[0].ByteLen != 0 {
+					t.Fatalf("responder received %+v", rc)
+				}
+				rc = rc[1:]
+			}
+			if len(rc) != 1 || rc[0].ID != 1 || rc[0].ByteLen != 6 {
+				t.Fatalf("responder received %+v", rc)
+			}
+			if a.q.State() != RTS || b.q.State() != RTS {
+				t.Fatalf("states %v %v, events %v %v", a.q.State(), b.q.State(), a.events, b.events)
+			}
+		})
+	}
 }

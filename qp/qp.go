@@ -124,6 +124,13 @@ type QP struct {
 	// accepted.
 	txPos, sentPos uint64
 
+	// holdTx: a responder waiting for the initiator's first FPDU.
+	holdTx bool
+	// rtr: the ready-to-receive message still to send (peer-to-peer).
+	rtr mpa.RTR
+	// rtrRead: our zero-length Read RTR awaits its empty response.
+	rtrRead bool
+
 	term     *ddp.TerminateFields // a Terminate waiting to go out
 	termBuf  []byte
 	termDone bool
@@ -163,10 +170,16 @@ func (q *QP) IRD() int { return q.ird }
 func (q *QP) ORD() int { return q.ord }
 
 // Connect moves Idle to RTS with the outcome of MPA startup and the LLP's
-// effective MSS (the FPDU size).
-func (q *QP) Connect(p mpa.Params, emss int) error {
+// effective MSS (the FPDU size). The initiator sends the negotiated RTR first
+// in peer-to-peer mode; the responder sends nothing until the first FPDU
+// from the initiator has arrived (RFC 5044 §7.1.2 rule 4).
+func (q *QP) Connect(p mpa.Params, emss int, initiator bool) error {
 	if q.state != Idle {
 		return ErrState
+	}
+	q.holdTx = !initiator
+	if initiator && p.PeerToPeer {
+		q.rtr = p.RTR
 	}
 	q.framer = mpa.NewFramer(p.CRC, p.MarkersTx)
 	q.parser = mpa.NewParser(p.CRC, p.MarkersRx)

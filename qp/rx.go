@@ -34,6 +34,8 @@ type rxState struct {
 	mo   int
 	// stopped: a Terminate was decided; further input is discarded.
 	stopped bool
+	// rtr: the segment is the response to our Read RTR, nothing to finish.
+	rtr bool
 }
 
 func (r *rxState) drop(q *QP) {
@@ -94,6 +96,7 @@ func (q *QP) rxData(ev mpa.Event) {
 		}
 	}
 	if ev.End {
+		q.holdTx = false
 		if r.mode == rxHeader {
 			// The ULPDU ended before its header did.
 			q.terminate(ddp.DDPLocalCatastrophic)
@@ -152,6 +155,12 @@ func (q *QP) startSegment() bool {
 	switch op {
 	case ddp.OpWrite:
 		t := ddp.Tagged(h)
+		if plen == 0 {
+			// RFC 5041 §7.1 validates non-zero-length segments only;
+			// a zero-length Write is also the peer-to-peer RTR.
+			r.mode = rxDone
+			break
+		}
 		m, dst, err := placeTarget(q.cfg.Mem, q.cfg.PD, t.STag(), t.TO(), plen, RemoteWrite)
 		if err != nil {
 			q.terminate(err)
@@ -160,6 +169,12 @@ func (q *QP) startSegment() bool {
 		r.mr, r.dst, r.mode = m, dst, rxTagged
 	case ddp.OpReadResponse:
 		t := ddp.Tagged(h)
+		if q.rtrRead && plen == 0 && t.STag() == RTRSTag {
+			// The answer to our zero-length Read RTR.
+			q.rtrRead = false
+			r.mode, r.rtr = rxDone, true
+			break
+		}
 		if q.orq.len() == 0 || (*q.orq.at(0)).wr.Op != OpRead {
 			q.terminate(ddp.RDMAPUnexpectedOpcode)
 			return false
@@ -257,11 +272,16 @@ func (q *QP) rxRequest(op ddp.Opcode) error {
 	e := q.irq.slot()
 	if op == ddp.OpReadRequest {
 		rr := ddp.ReadRequest(body)
-		m, src, err := sourceTarget(q.cfg.Mem, q.cfg.PD, rr.SrcSTag(), rr.SrcTO(), uint64(rr.Size()), RemoteRead)
-		if err != nil {
-			return err
+		*e = irqe{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), size: int(rr.Size())}
+		// A zero-length Read (the RTR among them) reads nothing and
+		// checks nothing; the empty response goes back in order.
+		if rr.Size() > 0 {
+			m, src, err := sourceTarget(q.cfg.Mem, q.cfg.PD, rr.SrcSTag(), rr.SrcTO(), uint64(rr.Size()), RemoteRead)
+			if err != nil {
+				return err
+			}
+			e.src, e.mr = src, m
 		}
-		*e = irqe{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), size: int(rr.Size()), src: src, mr: m}
 	} else {
 		f := ddp.AtomicRequest(body).Fields()
 		if f.Op != ddp.AtomicFetchAdd && f.Op != ddp.AtomicCmpSwap {
@@ -320,6 +340,9 @@ func (q *QP) rxEnd() {
 	last := h.Last()
 	switch op := h.Opcode(); op {
 	case ddp.OpReadResponse:
+		if r.rtr {
+			return
+		}
 		e := *q.orq.at(0)
 		if last {
 			if e.readTO != e.sgl[0].Addr+uint64(e.sgl[0].Length) {

@@ -3,6 +3,7 @@ package qp
 import (
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
 )
 
 // maxHeader holds the largest DDP header plus fixed RDMAP body.
@@ -34,10 +35,10 @@ func (q *QP) hasWork() bool {
 	if q.term != nil {
 		return !q.termDone
 	}
-	if q.state != RTS && q.state != Closing {
+	if q.state != RTS && q.state != Closing || q.holdTx {
 		return false
 	}
-	return q.irq.len() > 0 || q.sqReady()
+	return q.rtr != 0 || q.irq.len() > 0 || q.sqReady()
 }
 
 // Pending reports whether Transmit has FPDUs to produce.
@@ -70,8 +71,14 @@ func (q *QP) Transmit(buf []byte) int {
 			}
 			break
 		}
-		if q.state != RTS && q.state != Closing {
+		if q.state != RTS && q.state != Closing || q.holdTx {
 			break
+		}
+		if q.rtr != 0 {
+			if out, ok = q.txRTR(out); !ok {
+				break
+			}
+			continue
 		}
 		resp, sq := q.irq.len() > 0, q.sqReady()
 		switch {
@@ -261,6 +268,37 @@ func (q *QP) txTerminate(out []byte) ([]byte, bool) {
 	out, ok := q.fpdu(out, hdr[:], body)
 	if ok {
 		q.termDone = true
+	}
+	return out, ok
+}
+
+// RTRSTag is the STag of a zero-length RTR Write or Read: any non-zero value
+// serves, since zero-length tagged segments are not validated (RFC 5041
+// §7.1); Linux siw uses 1 too.
+const RTRSTag = 1
+
+// txRTR sends the peer-to-peer ready-to-receive message (RFC 6581 §9.2).
+func (q *QP) txRTR(out []byte) ([]byte, bool) {
+	var hdr [maxHeader]byte
+	var ulpdu []byte
+	switch q.rtr {
+	case mpa.RTRWrite:
+		ddp.Tagged(hdr[:]).Encode(&ddp.TaggedFields{Last: true, Opcode: ddp.OpWrite, STag: RTRSTag})
+		ulpdu = hdr[:ddp.TaggedHeaderLen]
+	case mpa.RTRSend:
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpSend, QN: ddp.QNSend, MSN: q.sendMSN})
+		ulpdu = hdr[:ddp.UntaggedHeaderLen]
+		q.sendMSN++
+	case mpa.RTRRead:
+		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpReadRequest, QN: ddp.QNReadRequest, MSN: q.readMSN})
+		ddp.ReadRequest(hdr[ddp.UntaggedHeaderLen:]).Encode(&ddp.ReadRequestFields{SinkSTag: RTRSTag, SrcSTag: RTRSTag})
+		ulpdu = hdr[:ddp.UntaggedHeaderLen+ddp.ReadRequestLen]
+		q.readMSN++
+		q.rtrRead = true
+	}
+	out, ok := q.fpdu(out, ulpdu, nil)
+	if ok {
+		q.rtr = 0
 	}
 	return out, ok
 }
