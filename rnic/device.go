@@ -1,0 +1,214 @@
+// Package rnic is the device: resource tables (protection domains, memory
+// regions and their STags, completion queues, queue pairs), the LLP a QP runs
+// on, and the connection manager.
+//
+// Goroutines, for the kernel-TCP datapath (the architecture of Linux siw):
+// every connected QP has a receive loop, which reads from its socket and
+// feeds the engine, and a transmit loop, which pulls FPDUs from the engine
+// and writes them, woken by posts and by the receive loop. Both take the
+// QP's mutex around engine calls and never hold it across a system call.
+// A Listener has one accept loop that reads MPA Requests and hands
+// connection requests to the consumer.
+package rnic
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/qp"
+)
+
+// Errors of the device verbs.
+var (
+	ErrInvalidHandle = errors.New("rnic: invalid handle")
+	ErrBusy          = errors.New("rnic: resource in use")
+	ErrResources     = errors.New("rnic: insufficient resources")
+	ErrInvalidParam  = errors.New("rnic: invalid parameter")
+	ErrClosed        = errors.New("rnic: device closed")
+)
+
+// Limits of a device.
+const (
+	MaxSTagIndex = 1<<24 - 1
+	MaxQPs       = 1 << 16
+)
+
+// Device is one software RNIC.
+type Device struct {
+	mu     sync.Mutex
+	closed bool
+	nextPD uint32
+	pds    map[uint32]*PD
+	qpn    uint32
+	qps    map[uint32]*QP
+
+	stags stagTable
+}
+
+// Open returns a new device.
+func Open() *Device {
+	return &Device{pds: map[uint32]*PD{}, qps: map[uint32]*QP{}}
+}
+
+// Close aborts every QP and frees every resource.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	qps := make([]*QP, 0, len(d.qps))
+	for _, q := range d.qps {
+		qps = append(qps, q)
+	}
+	d.mu.Unlock()
+	for _, q := range qps {
+		q.Destroy()
+	}
+	return nil
+}
+
+// PD is a protection domain.
+type PD struct {
+	dev  *Device
+	id   uint32
+	refs atomic.Int32
+}
+
+// AllocPD creates a protection domain.
+func (d *Device) AllocPD() (*PD, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	d.nextPD++
+	pd := &PD{dev: d, id: d.nextPD}
+	d.pds[pd.id] = pd
+	return pd, nil
+}
+
+// ID is the PD's number.
+func (pd *PD) ID() uint32 { return pd.id }
+
+// Free releases the PD; it fails while regions or QPs use it.
+func (pd *PD) Free() error {
+	if pd.refs.Load() > 0 {
+		return fmt.Errorf("free PD %d: %w", pd.id, ErrBusy)
+	}
+	pd.dev.mu.Lock()
+	delete(pd.dev.pds, pd.id)
+	pd.dev.mu.Unlock()
+	return nil
+}
+
+// stagTable maps STags to regions. An STag is a 24-bit index and an 8-bit
+// key; the key of an index changes each time the index is reused, so a stale
+// STag never finds the new region.
+type stagTable struct {
+	mu   sync.RWMutex
+	mrs  []*qp.MR // by index; nil when free
+	keys []uint8
+	free []uint32
+}
+
+func (t *stagTable) Lookup(stag uint32) *qp.MR {
+	idx := stag >> 8
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if int(idx) >= len(t.mrs) {
+		return nil
+	}
+	m := t.mrs[idx]
+	if m == nil || m.STag != stag {
+		return nil
+	}
+	return m
+}
+
+func (t *stagTable) insert(m *qp.MR) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var idx uint32
+	if n := len(t.free); n > 0 {
+		idx = t.free[n-1]
+		t.free = t.free[:n-1]
+	} else {
+		if len(t.mrs) > MaxSTagIndex {
+			return ErrResources
+		}
+		// Index 0 is never used: STag 0 is reserved in many stacks,
+		// and the RTR STag 1 must not name a real region.
+		if len(t.mrs) == 0 {
+			t.mrs, t.keys = append(t.mrs, nil), append(t.keys, 0)
+		}
+		idx = uint32(len(t.mrs))
+		t.mrs, t.keys = append(t.mrs, nil), append(t.keys, 0)
+	}
+	t.keys[idx]++
+	m.STag = idx<<8 | uint32(t.keys[idx])
+	t.mrs[idx] = m
+	return nil
+}
+
+func (t *stagTable) remove(m *qp.MR) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	idx := m.STag >> 8
+	if int(idx) < len(t.mrs) && t.mrs[idx] == m {
+		t.mrs[idx] = nil
+		t.free = append(t.free, idx)
+	}
+}
+
+// MR is a registered memory region.
+type MR struct {
+	*qp.MR
+	pd *PD
+}
+
+// RegisterMR registers buf, addressed by tagged offsets from base, with the
+// given rights. The caller keeps buf alive and unchanged in size until
+// Deregister succeeds.
+func (d *Device) RegisterMR(pd *PD, buf []byte, base uint64, access qp.Access) (*MR, error) {
+	if pd == nil || pd.dev != d {
+		return nil, fmt.Errorf("register MR: %w", ErrInvalidHandle)
+	}
+	if base+uint64(len(buf)) < base {
+		return nil, fmt.Errorf("register MR: base %#x + %d wraps: %w", base, len(buf), ErrInvalidParam)
+	}
+	// Remote write and atomics need local write (as in verbs).
+	if access&(qp.RemoteWrite|qp.RemoteAtomic) != 0 && access&qp.LocalWrite == 0 {
+		return nil, fmt.Errorf("register MR: remote write or atomic without local write: %w", ErrInvalidParam)
+	}
+	m := &MR{MR: &qp.MR{PD: pd.id, Access: access, Base: base, Buf: buf}, pd: pd}
+	if err := d.stags.insert(m.MR); err != nil {
+		return nil, fmt.Errorf("register MR: %w", err)
+	}
+	pd.refs.Add(1)
+	return m, nil
+}
+
+// Deregister removes the region; it fails with ErrBusy while a work request
+// or a placement uses it.
+func (m *MR) Deregister() error {
+	if err := m.MR.Deregister(); err != nil {
+		return fmt.Errorf("deregister STag %#x: %w", m.STag, ErrBusy)
+	}
+	m.pd.dev.stags.remove(m.MR)
+	m.pd.refs.Add(-1)
+	return nil
+}
+
+// CreateCQ creates a completion queue bound to a completion vector.
+func (d *Device) CreateCQ(depth, vector int) (*completion.CQ, error) {
+	cq, err := completion.New(completion.Options{Depth: depth, Vector: vector})
+	if err != nil {
+		return nil, fmt.Errorf("create CQ: %w: %v", ErrInvalidParam, err)
+	}
+	return cq, nil
+}

@@ -1,0 +1,351 @@
+package rnic
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/qp"
+)
+
+// QPAttr describes a queue pair.
+type QPAttr struct {
+	SQDepth, RQDepth int
+	// IRD and ORD offered in MPA startup; the negotiated values apply.
+	IRD, ORD       int
+	SendCQ, RecvCQ *completion.CQ
+	// NoCRC does not ask for MPA CRC32c (it is still used if the peer
+	// asks). CRC is on by default: Linux siw defaults it off, but data
+	// integrity is what our users judge us by.
+	NoCRC bool
+	// Markers requires MPA markers in what this QP receives.
+	Markers bool
+	// MPARevision 1 speaks plain RFC 5044; 0 or 2 the RFC 6581 setup.
+	MPARevision uint8
+	// PeerToPeer asks for (initiator) or accepts (responder) the
+	// peer-to-peer model with a zero-length RTR.
+	PeerToPeer bool
+}
+
+// Timeouts of connection management.
+const (
+	// DefaultMPATimeout bounds the wait for the MPA Reply (initiator) or
+	// Request (responder).
+	DefaultMPATimeout = 10 * time.Second
+	// closeTimeout bounds the wait for the peer's FIN after ours.
+	closeTimeout = 5 * time.Second
+	ioBuf        = 256 << 10
+)
+
+// ConnEventKind classifies connection events.
+type ConnEventKind uint8
+
+// Connection events.
+const (
+	Established ConnEventKind = iota
+	TerminateSent
+	TerminateReceived
+	Disconnected // terminal: orderly close
+	Broken       // terminal: reset, loss or protocol error
+)
+
+func (k ConnEventKind) String() string {
+	return [...]string{"established", "terminate-sent", "terminate-received", "disconnected", "broken"}[k]
+}
+
+// ConnEvent is a connection event of a QP.
+type ConnEvent struct {
+	Kind ConnEventKind
+	Err  error
+	// PrivateData of the peer, with Established.
+	PrivateData []byte
+}
+
+// QP is a queue pair of the device with its connection.
+type QP struct {
+	dev  *Device
+	pd   *PD
+	attr QPAttr
+	qpn  uint32
+
+	mu      sync.Mutex
+	eng     *qp.QP
+	conn    *net.TCPConn
+	sentTot uint64
+	abort   bool
+	finSent bool
+
+	events chan ConnEvent
+	txWake chan struct{}
+	rxDone chan struct{}
+	loops  sync.WaitGroup
+
+	destroyOnce sync.Once
+}
+
+// CreateQP creates a queue pair in a protection domain.
+func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
+	if pd == nil || pd.dev != d {
+		return nil, fmt.Errorf("create QP: %w", ErrInvalidHandle)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil, ErrClosed
+	}
+	if len(d.qps) >= MaxQPs {
+		d.mu.Unlock()
+		return nil, fmt.Errorf("create QP: %w", ErrResources)
+	}
+	d.qpn++
+	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8), txWake: make(chan struct{}, 1)}
+	d.qps[q.qpn] = q
+	d.mu.Unlock()
+	eng, err := qp.New(qp.Config{QPN: q.qpn, PD: pd.id, SQDepth: attr.SQDepth, RQDepth: attr.RQDepth,
+		IRD: attr.IRD, ORD: attr.ORD, SendCQ: attr.SendCQ, RecvCQ: attr.RecvCQ, Mem: &d.stags,
+		Events: q.engineEvent})
+	if err != nil {
+		d.mu.Lock()
+		delete(d.qps, q.qpn)
+		d.mu.Unlock()
+		return nil, fmt.Errorf("create QP: %w: %v", ErrInvalidParam, err)
+	}
+	q.eng = eng
+	pd.refs.Add(1)
+	return q, nil
+}
+
+// QPN is the queue pair number.
+func (q *QP) QPN() uint32 { return q.qpn }
+
+// Events delivers the QP's connection events; the last is Disconnected or
+// Broken, exactly once.
+func (q *QP) Events() <-chan ConnEvent { return q.events }
+
+// State is the engine's RFC 5040 state.
+func (q *QP) State() qp.State {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.eng.State()
+}
+
+// engineEvent runs under q.mu: it must not block.
+func (q *QP) engineEvent(e qp.Event) {
+	kind := map[qp.EventKind]ConnEventKind{qp.TerminateSent: TerminateSent, qp.TerminateReceived: TerminateReceived,
+		qp.Disconnected: Disconnected, qp.Broken: Broken}[e.Kind]
+	q.post(ConnEvent{Kind: kind, Err: e.Err})
+}
+
+func (q *QP) post(ev ConnEvent) {
+	select {
+	case q.events <- ev:
+	default:
+		// At most four events per QP fit in the buffer; a consumer that
+		// never reads loses only the oldest.
+		select {
+		case <-q.events:
+		default:
+		}
+		q.events <- ev
+	}
+}
+
+// PostSend posts a send work request.
+func (q *QP) PostSend(wr *qp.SendWR) error {
+	q.mu.Lock()
+	err := q.eng.PostSend(wr)
+	work := err == nil && q.conn != nil
+	q.mu.Unlock()
+	if work {
+		q.wake()
+	}
+	return err
+}
+
+// PostRecv posts a receive work request; it may be posted before the QP is
+// connected.
+func (q *QP) PostRecv(wr *qp.RecvWR) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.eng.PostRecv(wr)
+}
+
+func (q *QP) wake() {
+	select {
+	case q.txWake <- struct{}{}:
+	default:
+	}
+}
+
+// Disconnect closes the connection: gracefully (outstanding requests finish,
+// then FIN) or abortively (RST, everything flushed).
+func (q *QP) Disconnect(graceful bool) {
+	q.mu.Lock()
+	if !graceful {
+		q.abort = true
+	}
+	q.eng.Disconnect(graceful)
+	q.mu.Unlock()
+	q.wake()
+}
+
+// Destroy aborts the connection if any, waits for its loops to end, and
+// frees the QP.
+func (q *QP) Destroy() {
+	q.destroyOnce.Do(func() {
+		q.Disconnect(false)
+		q.loops.Wait()
+		q.dev.mu.Lock()
+		delete(q.dev.qps, q.qpn)
+		q.dev.mu.Unlock()
+		q.pd.refs.Add(-1)
+	})
+}
+
+// mpaConfig is what this QP asks for in MPA startup.
+func (q *QP) mpaConfig(private []byte) mpa.Config {
+	c := mpa.Config{Revision: q.attr.MPARevision, CRC: !q.attr.NoCRC, Markers: q.attr.Markers,
+		IRD: uint16(q.attr.IRD), ORD: uint16(q.attr.ORD), PeerToPeer: q.attr.PeerToPeer, PrivateData: private}
+	// As initiator we send a zero-length Write, the RTR every iWARP
+	// implementation takes; as responder we accept Write and Read.
+	c.RTR = mpa.RTRWrite | mpa.RTRRead
+	return c
+}
+
+// start moves the engine to RTS on conn and runs the loops.
+func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool) error {
+	emss, err := effectiveMSS(conn)
+	if err != nil {
+		return err
+	}
+	q.mu.Lock()
+	if err := q.eng.Connect(p, emss, initiator); err != nil {
+		q.mu.Unlock()
+		return err
+	}
+	q.conn = conn
+	q.rxDone = make(chan struct{})
+	q.mu.Unlock()
+	q.loops.Add(2)
+	go q.rxLoop()
+	go q.txLoop()
+	q.wake()
+	return nil
+}
+
+func effectiveMSS(c *net.TCPConn) (int, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var mss int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { mss, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) }); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("TCP_MAXSEG: %w", serr)
+	}
+	return min(mss, mpa.MaxULPDU), nil
+}
+
+func (q *QP) rxLoop() {
+	defer q.loops.Done()
+	defer close(q.rxDone)
+	buf := make([]byte, ioBuf)
+	for {
+		n, err := q.conn.Read(buf)
+		if n > 0 {
+			q.mu.Lock()
+			q.eng.Receive(buf[:n])
+			q.mu.Unlock()
+			q.wake()
+		}
+		if err != nil {
+			q.mu.Lock()
+			if errors.Is(err, io.EOF) {
+				q.eng.LLPClosed(nil)
+			} else {
+				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+			}
+			q.mu.Unlock()
+			q.wake()
+			return
+		}
+	}
+}
+
+func (q *QP) txLoop() {
+	defer q.loops.Done()
+	buf := make([]byte, ioBuf)
+	var closeTimer <-chan time.Time
+	for {
+		q.mu.Lock()
+		n := q.eng.Transmit(buf)
+		state, drained, abort := q.eng.State(), q.eng.Drained(), q.abort
+		q.mu.Unlock()
+		if n > 0 {
+			if _, err := q.conn.Write(buf[:n]); err != nil {
+				q.mu.Lock()
+				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+				q.mu.Unlock()
+				q.abortConn()
+				return
+			}
+			q.mu.Lock()
+			q.sentTot += uint64(n)
+			q.eng.Sent(q.sentTot)
+			q.mu.Unlock()
+			continue
+		}
+		switch {
+		case state == qp.Error && abort:
+			q.abortConn()
+			return
+		case state == qp.Error:
+			// Graceful end, or after a Terminate: FIN, then wait a
+			// while for the peer's so the Terminate is delivered
+			// (RFC 5040 §6.2.1).
+			q.sendFIN()
+			_ = q.conn.SetReadDeadline(time.Now().Add(closeTimeout))
+			<-q.rxDone
+			_ = q.conn.Close()
+			return
+		case drained:
+			q.sendFIN()
+			if closeTimer == nil {
+				closeTimer = time.After(closeTimeout)
+			}
+		}
+		select {
+		case <-q.txWake:
+		case <-closeTimer:
+			// The peer never answered our FIN.
+			q.mu.Lock()
+			q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
+			q.abort = true
+			q.mu.Unlock()
+		}
+	}
+}
+
+func (q *QP) sendFIN() {
+	if !q.finSent {
+		q.finSent = true
+		_ = q.conn.CloseWrite()
+	}
+}
+
+// abortConn resets the connection (SO_LINGER 0 makes close send RST).
+func (q *QP) abortConn() {
+	_ = q.conn.SetLinger(0)
+	_ = q.conn.Close()
+}

@@ -1,0 +1,321 @@
+package rnic
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/qp"
+)
+
+type host struct {
+	t        testing.TB
+	dev      *Device
+	pd       *PD
+	scq, rcq *completion.CQ
+}
+
+func newHost(t testing.TB) *host {
+	h := &host{t: t, dev: Open()}
+	var err error
+	h.pd, err = h.dev.AllocPD()
+	must(t, err)
+	h.scq, err = h.dev.CreateCQ(4096, 0)
+	must(t, err)
+	h.rcq, err = h.dev.CreateCQ(4096, 0)
+	must(t, err)
+	t.Cleanup(func() { h.dev.Close() })
+	return h
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (h *host) qp(attr QPAttr) *QP {
+	if attr.SQDepth == 0 {
+		attr.SQDepth, attr.RQDepth = 256, 256
+	}
+	if attr.IRD == 0 {
+		attr.IRD, attr.ORD = 16, 16
+	}
+	attr.SendCQ, attr.RecvCQ = h.scq, h.rcq
+	q, err := h.dev.CreateQP(h.pd, attr)
+	must(h.t, err)
+	return q
+}
+
+func (h *host) mr(n int, access qp.Access) *MR {
+	m, err := h.dev.RegisterMR(h.pd, make([]byte, n), 0x4000_0000, access)
+	must(h.t, err)
+	return m
+}
+
+// pair connects a client QP to a server QP over loopback.
+func pair(t testing.TB, srv, cli *host, sattr, cattr QPAttr, prep func(s, c *QP)) (s, c *QP) {
+	t.Helper()
+	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
+	must(t, err)
+	defer ln.Close()
+	s, c = srv.qp(sattr), cli.qp(cattr)
+	if prep != nil {
+		prep(s, c)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err != nil {
+			errc <- err
+			return
+		}
+		if string(cr.PrivateData) != "hello server" {
+			errc <- errors.New("server got private data " + string(cr.PrivateData))
+			return
+		}
+		errc <- cr.Accept(s, []byte("hello client"))
+	}()
+	pd, err := c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{PrivateData: []byte("hello server")})
+	must(t, err)
+	must(t, <-errc)
+	if string(pd) != "hello client" {
+		t.Fatalf("client got private data %q", pd)
+	}
+	for _, q := range []*QP{s, c} {
+		if ev := <-q.Events(); ev.Kind != Established {
+			t.Fatalf("first event %v", ev)
+		}
+	}
+	return s, c
+}
+
+// wait polls cq until n completions arrived or the deadline passed.
+func wait(t testing.TB, cq *completion.CQ, n int) []completion.Completion {
+	t.Helper()
+	out := make([]completion.Completion, 0, n)
+	buf := make([]completion.Completion, 64)
+	deadline := time.After(60 * time.Second)
+	for len(out) < n {
+		k := cq.Poll(buf[:min(len(buf), n-len(out))])
+		out = append(out, buf[:k]...)
+		if k > 0 {
+			continue
+		}
+		cq.Arm(false)
+		if k = cq.Poll(buf[:min(len(buf), n-len(out))]); k > 0 {
+			out = append(out, buf[:k]...)
+			continue
+		}
+		select {
+		case <-cq.Notify():
+		case <-deadline:
+			t.Fatalf("%d of %d completions after 60 s", len(out), n)
+		}
+	}
+	return out
+}
+
+func waitEvent(t testing.TB, q *QP, kinds ...ConnEventKind) ConnEvent {
+	t.Helper()
+	for {
+		select {
+		case ev := <-q.Events():
+			for _, k := range kinds {
+				if ev.Kind == k {
+					return ev
+				}
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("QP %d: no %v event", q.QPN(), kinds)
+		}
+	}
+}
+
+func TestEveryOperationOverTCP(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	sbuf := srv.mr(1<<20, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead|qp.RemoteAtomic)
+	cbuf := cli.mr(1<<20, qp.LocalWrite)
+	fillRand(cbuf.Buf[:200000], 1)
+	fillRand(sbuf.Buf[500000:700000], 2)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, c *QP) {
+		// Receives posted before the connection exists.
+		for i := 0; i < 3; i++ {
+			must(t, s.PostRecv(&qp.RecvWR{ID: uint64(100 + i), SGL: []qp.SGE{{LKey: sbuf.STag, Addr: sbuf.Base + 800000 + uint64(i)*65536, Length: 65536}}}))
+		}
+	})
+	post := func(wr qp.SendWR) { must(t, c.PostSend(&wr)) }
+	post(qp.SendWR{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 200000}},
+		RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base})
+	post(qp.SendWR{ID: 2, Op: qp.OpSend, Flags: qp.Signaled | qp.Solicited, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 50000}}})
+	post(qp.SendWR{ID: 3, Op: qp.OpRead, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base + 300000, Length: 200000}},
+		RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base + 500000})
+	binary.NativeEndian.PutUint64(sbuf.Buf[1000000:], 5)
+	post(qp.SendWR{ID: 4, Op: qp.OpFetchAdd, Flags: qp.Signaled, Add: 10, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base + 600000, Length: 8}},
+		RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base + 1000000})
+	post(qp.SendWR{ID: 5, Op: qp.OpImmediate, Flags: qp.Signaled, Immediate: [8]byte{9, 9, 9}})
+	sc := wait(t, cli.scq, 5)
+	for i, cpl := range sc {
+		if cpl.ID != uint64(i+1) || cpl.Status != completion.Success {
+			t.Fatalf("client completion %d: %+v", i, cpl)
+		}
+	}
+	rc := wait(t, srv.rcq, 2)
+	if rc[0].ID != 100 || rc[0].ByteLen != 50000 || !rc[0].Solicited || rc[1].Opcode != completion.OpRecvImmediate || rc[1].Immediate[0] != 9 {
+		t.Fatalf("server receives %+v", rc)
+	}
+	if !bytes.Equal(sbuf.Buf[:200000], cbuf.Buf[:200000]) {
+		t.Fatal("RDMA Write data differs")
+	}
+	if !bytes.Equal(sbuf.Buf[800000:850000], cbuf.Buf[:50000]) {
+		t.Fatal("Send data differs")
+	}
+	if !bytes.Equal(cbuf.Buf[300000:500000], sbuf.Buf[500000:700000]) {
+		t.Fatal("RDMA Read data differs")
+	}
+	if got, old := binary.NativeEndian.Uint64(sbuf.Buf[1000000:]), binary.NativeEndian.Uint64(cbuf.Buf[600000:]); got != 15 || old != 5 {
+		t.Fatalf("fetch-add: target %d, result %d", got, old)
+	}
+
+	// Graceful close from the client: both sides see Disconnected, and the
+	// server's remaining receives are flushed.
+	c.Disconnect(true)
+	if ev := waitEvent(t, c, Disconnected, Broken); ev.Kind != Disconnected {
+		t.Fatalf("client: %+v", ev)
+	}
+	if ev := waitEvent(t, s, Disconnected, Broken); ev.Kind != Disconnected {
+		t.Fatalf("server: %+v", ev)
+	}
+	for _, cpl := range wait(t, srv.rcq, 1) {
+		if cpl.Status != completion.FlushError {
+			t.Fatalf("after close: %+v", cpl)
+		}
+	}
+	s.Destroy()
+	c.Destroy()
+}
+
+func fillRand(b []byte, seed uint64) {
+	r := rand.New(rand.NewPCG(seed, 7))
+	for i := 0; i+8 <= len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], r.Uint64())
+	}
+}
+
+func TestRejectCarriesPrivateData(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
+	must(t, err)
+	defer ln.Close()
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err == nil {
+			_ = cr.Reject([]byte("go away"))
+		}
+	}()
+	c := cli.qp(QPAttr{})
+	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{})
+	var rej *RejectedError
+	if !errors.As(err, &rej) || string(rej.PrivateData) != "go away" {
+		t.Fatalf("connect: %v", err)
+	}
+}
+
+func TestConnectFailures(t *testing.T) {
+	cli := newHost(t)
+	// Nobody listens: unreachable.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	addr := l.Addr().String()
+	l.Close()
+	c := cli.qp(QPAttr{})
+	if _, err := c.Connect(context.Background(), addr, ConnectOptions{}); !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("closed port: %v", err)
+	}
+	// A TCP server that never answers the MPA Request: timed out.
+	l, err = net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l.Close()
+	go func() {
+		if conn, err := l.Accept(); err == nil {
+			defer conn.Close()
+			time.Sleep(2 * time.Second)
+		}
+	}()
+	c2 := cli.qp(QPAttr{})
+	if _, err := c2.Connect(context.Background(), l.Addr().String(), ConnectOptions{Timeout: 300 * time.Millisecond}); !errors.Is(err, ErrTimedOut) {
+		t.Fatalf("silent server: %v", err)
+	}
+	// Something that is not MPA answers: an invalid frame.
+	l2, err := net.Listen("tcp", "127.0.0.1:0")
+	must(t, err)
+	defer l2.Close()
+	go func() {
+		if conn, err := l2.Accept(); err == nil {
+			defer conn.Close()
+			_, _ = conn.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			time.Sleep(time.Second)
+		}
+	}()
+	c3 := cli.qp(QPAttr{})
+	if _, err := c3.Connect(context.Background(), l2.Addr().String(), ConnectOptions{}); !errors.Is(err, ddp.LLPInvalidFrame) {
+		t.Fatalf("HTTP server: %v", err)
+	}
+}
+
+func TestProtocolErrorOverTCP(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	cbuf := cli.mr(64, qp.LocalWrite)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	must(t, c.PostSend(&qp.SendWR{ID: 1, Op: qp.OpRead, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 8}},
+		RemoteSTag: 0xabcd01, RemoteTO: 0}))
+	cpl := wait(t, cli.scq, 1)[0]
+	if cpl.Status != completion.RemoteAccessError || !errors.Is(cpl.Err, ddp.RDMAPInvalidSTag) {
+		t.Fatalf("read of a bad STag: %+v", cpl)
+	}
+	if ev := waitEvent(t, s, TerminateSent); !errors.Is(ev.Err, ddp.RDMAPInvalidSTag) {
+		t.Fatalf("server: %+v", ev)
+	}
+	waitEvent(t, s, Broken)
+	waitEvent(t, c, Broken)
+}
+
+func TestAbortIsSeenByThePeer(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	c.Disconnect(false)
+	waitEvent(t, c, Broken)
+	if ev := waitEvent(t, s, Disconnected, Broken); ev.Kind != Broken {
+		t.Fatalf("server saw %+v after the client's reset", ev)
+	}
+}
+
+func TestDeregisterBusyAndPDInUse(t *testing.T) {
+	h := newHost(t)
+	q := h.qp(QPAttr{})
+	m := h.mr(64, qp.LocalWrite)
+	must(t, q.PostRecv(&qp.RecvWR{SGL: []qp.SGE{{LKey: m.STag, Addr: m.Base, Length: 64}}}))
+	if err := m.Deregister(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("deregister in use: %v", err)
+	}
+	if err := h.pd.Free(); !errors.Is(err, ErrBusy) {
+		t.Fatalf("free PD in use: %v", err)
+	}
+	q.Destroy() // flushes the receive
+	must(t, m.Deregister())
+	stale := m.STag
+	m2 := h.mr(64, qp.LocalWrite)
+	if m2.STag == stale || h.dev.stags.Lookup(stale) != nil {
+		t.Fatalf("reused STag %#x after %#x", m2.STag, stale)
+	}
+	must(t, m2.Deregister())
+	must(t, h.pd.Free())
+}
