@@ -12,14 +12,12 @@ import (
 // A hostile peer: FPDUs crafted by hand, framed with the negotiated CRC, fed
 // to a connected QP whose memory sits between guard pages.
 type hostile struct {
-	t     *testing.T
-	b     *side
-	fr    *mpa.Framer
-	rb    *MR
-	w     *MR // remote-writable
-	r     *MR // remote-readable
-	term  []byte
-	outTo uint64
+	t  *testing.T
+	b  *side
+	fr *mpa.Framer
+	rb *MR
+	w  *MR // remote-writable
+	r  *MR // remote-readable
 }
 
 func newHostile(t *testing.T, ird int) *hostile {

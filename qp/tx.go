@@ -66,8 +66,9 @@ func (q *QP) Transmit(buf []byte) int {
 	for {
 		var ok bool
 		if q.term != nil {
+			// Nothing follows a Terminate (RFC 5040 §6.2.1).
 			if !q.termDone {
-				out, ok = q.txTerminate(out)
+				out, _ = q.txTerminate(out)
 			}
 			break
 		}
