@@ -6,7 +6,7 @@
 #   make generate  regenerate committed generated code
 #   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
 #   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
-#   make bench     codec benchmarks beside the CRC32c yardstick (not tests)
+#   make bench     benchmarks (codecs, engine over loopback TCP, kernel TCP baseline)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -57,8 +57,11 @@ fuzz:
 corpus: fuzz
 	GO=$(GO) bash hack/corpus.sh
 
+# Codec throughput beside the bare CRC32c; the engine over loopback TCP
+# beside plain kernel TCP, in one run.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./mpa/
+	$(GO) test -run '^$$' -bench . -benchtime 1s ./rnic/
 
 clean:
 	rm -rf .tools

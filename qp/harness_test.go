@@ -84,7 +84,7 @@ func newSide(t testing.TB, qpn, pd uint32, o pairOpts) *side {
 	if s.rcq, err = completion.New(completion.Options{Depth: o.cqDepth}); err != nil {
 		t.Fatal(err)
 	}
-	s.q, err = New(Config{QPN: qpn, PD: pd, SQDepth: o.sq, RQDepth: o.rq, IRD: o.ird, ORD: o.ord,
+	s.q, err = New(Config{QPN: qpn, PD: pd, SQDepth: o.sq, RQDepth: o.rq, IRD: o.ird, ORD: o.ord, MaxInline: MaxInline,
 		SendCQ: s.scq, RecvCQ: s.rcq, Mem: s.mem, Events: func(e Event) { s.events = append(s.events, e) }})
 	if err != nil {
 		t.Fatal(err)

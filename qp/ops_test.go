@@ -424,3 +424,46 @@ func TestPeerToPeerRTR(t *testing.T) {
 		})
 	}
 }
+
+func TestPostValidation(t *testing.T) {
+	cq, _ := completion.New(completion.Options{Depth: 4})
+	mem := &memTable{}
+	if _, err := New(Config{SQDepth: 1, RQDepth: 1, SendCQ: cq, RecvCQ: cq, Mem: mem, MaxInline: MaxInline + 1}); !errors.Is(err, ErrConfig) {
+		t.Fatalf("inline limit above the maximum: %v", err)
+	}
+	q, err := New(Config{PD: pdA, SQDepth: 2, RQDepth: 1, SendCQ: cq, RecvCQ: cq, Mem: mem, MaxInline: 16})
+	must(t, err)
+	if err := q.PostSend(&SendWR{Op: OpSend, Flags: Inline, InlineData: make([]byte, 17)}); !errors.Is(err, ErrInlineLimit) {
+		t.Fatalf("17 octets inline with a limit of 16: %v", err)
+	}
+	m := mem.reg(t, pdA, 64, 0)
+	other := mem.reg(t, pdB, 64, LocalWrite)
+	cases := []struct {
+		name string
+		wr   SendWR
+		want error
+	}{
+		{"SGE past the region", SendWR{Op: OpSend, SGL: []SGE{{LKey: m.STag, Addr: m.Base + 60, Length: 8}}}, ErrProtection},
+		{"SGE of another PD", SendWR{Op: OpSend, SGL: []SGE{{LKey: other.STag, Addr: other.Base, Length: 8}}}, ErrProtection},
+		{"unknown STag", SendWR{Op: OpSend, SGL: []SGE{{LKey: 0xdead, Length: 8}}}, ErrProtection},
+		{"Read sink without local write", SendWR{Op: OpRead, SGL: []SGE{{LKey: m.STag, Addr: m.Base, Length: 8}}}, ErrProtection},
+		{"Read with two SGEs", SendWR{Op: OpRead, SGL: []SGE{{LKey: m.STag, Addr: m.Base, Length: 8}, {LKey: m.STag, Addr: m.Base, Length: 8}}}, ErrInvalidWR},
+		{"atomic of 4 octets", SendWR{Op: OpFetchAdd, SGL: []SGE{{LKey: m.STag, Addr: m.Base, Length: 4}}}, ErrInvalidWR},
+		{"atomic misaligned", SendWR{Op: OpFetchAdd, SGL: []SGE{{LKey: m.STag, Addr: m.Base, Length: 8}}, RemoteTO: 4}, ErrInvalidWR},
+		{"nine SGEs", SendWR{Op: OpSend, SGL: make([]SGE, 9)}, ErrTooManySGE},
+		{"unknown operation", SendWR{Op: SendOp(42)}, ErrInvalidWR},
+	}
+	for _, c := range cases {
+		if err := q.PostSend(&c.wr); !errors.Is(err, c.want) {
+			t.Errorf("%s: %v, want %v", c.name, err, c.want)
+		}
+	}
+	must(t, q.PostSend(&SendWR{Op: OpSend}))
+	must(t, q.PostSend(&SendWR{Op: OpSend}))
+	if err := q.PostSend(&SendWR{Op: OpSend}); !errors.Is(err, ErrQueueFull) {
+		t.Fatalf("third send on a queue of two: %v", err)
+	}
+	if n := m.inflight.Load(); n != 0 {
+		t.Fatalf("failed posts left %d holds on the region", n)
+	}
+}

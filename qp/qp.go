@@ -44,8 +44,9 @@ func (s State) String() string {
 
 // Limits.
 const (
-	MaxSGE    = 8
-	MaxInline = 256
+	MaxSGE        = 8
+	MaxInline     = 256
+	DefaultInline = 64
 )
 
 // EventKind classifies connection events.
@@ -82,6 +83,8 @@ type Config struct {
 	// IRD and ORD: the most inbound and outbound RDMA Reads and atomics
 	// outstanding (before negotiation; Connect applies the MPA outcome).
 	IRD, ORD int
+	// MaxInline bounds inline data, up to MaxInline; 0 means DefaultInline.
+	MaxInline int
 	// SendCQ and RecvCQ receive completions; they may be the same CQ.
 	SendCQ, RecvCQ *completion.CQ
 	Mem            Memory
@@ -146,6 +149,11 @@ func New(cfg Config) (*QP, error) {
 		return nil, fmt.Errorf("%w: IRD %d ORD %d", ErrConfig, cfg.IRD, cfg.ORD)
 	case cfg.SendCQ == nil || cfg.RecvCQ == nil || cfg.Mem == nil:
 		return nil, fmt.Errorf("%w: CQs and memory are required", ErrConfig)
+	case cfg.MaxInline < 0 || cfg.MaxInline > MaxInline:
+		return nil, fmt.Errorf("%w: inline limit %d above %d", ErrConfig, cfg.MaxInline, MaxInline)
+	}
+	if cfg.MaxInline == 0 {
+		cfg.MaxInline = DefaultInline
 	}
 	q := &QP{cfg: cfg, ird: cfg.IRD, ord: cfg.ORD}
 	q.sq.init(cfg.SQDepth)
@@ -163,8 +171,11 @@ func (q *QP) QPN() uint32 { return q.cfg.QPN }
 // State is the current state.
 func (q *QP) State() State { return q.state }
 
-// IRD and ORD in force.
+// IRD in force.
 func (q *QP) IRD() int { return q.ird }
+
+// MaxInline is the inline data limit.
+func (q *QP) MaxInline() int { return q.cfg.MaxInline }
 
 // ORD in force.
 func (q *QP) ORD() int { return q.ord }
@@ -267,7 +278,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 		return fmt.Errorf("%w: operation %v", ErrInvalidWR, wr.Op)
 	}
 	if wr.Flags&Inline != 0 {
-		if len(wr.InlineData) > MaxInline {
+		if len(wr.InlineData) > q.cfg.MaxInline {
 			return ErrInlineLimit
 		}
 		e.total = copy(e.inline[:], wr.InlineData)

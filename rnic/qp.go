@@ -22,6 +22,9 @@ type QPAttr struct {
 	// IRD and ORD offered in MPA startup; the negotiated values apply.
 	IRD, ORD       int
 	SendCQ, RecvCQ *completion.CQ
+	// MaxInline bounds inline data (0: qp.DefaultInline, at most
+	// qp.MaxInline).
+	MaxInline int
 	// NoCRC does not ask for MPA CRC32c (it is still used if the peer
 	// asks). CRC is on by default: Linux siw defaults it off, but data
 	// integrity is what our users judge us by.
@@ -110,7 +113,7 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 	d.qps[q.qpn] = q
 	d.mu.Unlock()
 	eng, err := qp.New(qp.Config{QPN: q.qpn, PD: pd.id, SQDepth: attr.SQDepth, RQDepth: attr.RQDepth,
-		IRD: attr.IRD, ORD: attr.ORD, SendCQ: attr.SendCQ, RecvCQ: attr.RecvCQ, Mem: &d.stags,
+		IRD: attr.IRD, ORD: attr.ORD, MaxInline: attr.MaxInline, SendCQ: attr.SendCQ, RecvCQ: attr.RecvCQ, Mem: &d.stags,
 		Events: q.engineEvent})
 	if err != nil {
 		d.mu.Lock()

@@ -319,3 +319,66 @@ func TestDeregisterBusyAndPDInUse(t *testing.T) {
 	must(t, m2.Deregister())
 	must(t, h.pd.Free())
 }
+
+// TestMPAVariantsOverTCP connects with each startup flavour a real iWARP
+// peer may ask for and moves a Send, a Write and a Read on it.
+func TestMPAVariantsOverTCP(t *testing.T) {
+	cases := []struct {
+		name     string
+		srv, cli QPAttr
+	}{
+		{name: "revision 1, CRC", srv: QPAttr{}, cli: QPAttr{MPARevision: 1}},
+		{name: "revision 1 responder", srv: QPAttr{MPARevision: 1}, cli: QPAttr{}},
+		{name: "no CRC either side", srv: QPAttr{NoCRC: true}, cli: QPAttr{NoCRC: true}},
+		{name: "CRC asked by the responder only", srv: QPAttr{}, cli: QPAttr{NoCRC: true}},
+		{name: "markers both ways", srv: QPAttr{Markers: true}, cli: QPAttr{Markers: true}},
+		{name: "markers towards the client only", srv: QPAttr{}, cli: QPAttr{Markers: true}},
+		{name: "peer to peer", srv: QPAttr{PeerToPeer: true}, cli: QPAttr{PeerToPeer: true}},
+		{name: "IRD/ORD 1", srv: QPAttr{IRD: 1, ORD: 1}, cli: QPAttr{IRD: 1, ORD: 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			srv, cli := newHost(t), newHost(t)
+			sbuf := srv.mr(1<<20, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead)
+			cbuf := cli.mr(1<<20, qp.LocalWrite|qp.RemoteWrite)
+			fillRand(cbuf.Buf[:300000], 11)
+			fillRand(sbuf.Buf[600000:900000], 12)
+			s, q := pair(t, srv, cli, c.srv, c.cli, func(s, _ *QP) {
+				must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: sbuf.STag, Addr: sbuf.Base + 400000, Length: 100000}}}))
+			})
+			must(t, q.PostSend(&qp.SendWR{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 300000}},
+				RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base}))
+			must(t, q.PostSend(&qp.SendWR{ID: 2, Op: qp.OpSend, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 100000}}}))
+			must(t, q.PostSend(&qp.SendWR{ID: 3, Op: qp.OpRead, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base + 500000, Length: 300000}},
+				RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base + 600000}))
+			checkOK(t, wait(t, cli.scq, 3))
+			checkOK(t, wait(t, srv.rcq, 1))
+			if !bytes.Equal(sbuf.Buf[:300000], cbuf.Buf[:300000]) || !bytes.Equal(sbuf.Buf[400000:500000], cbuf.Buf[:100000]) ||
+				!bytes.Equal(cbuf.Buf[500000:800000], sbuf.Buf[600000:900000]) {
+				t.Fatal("data differs")
+			}
+			s.Destroy()
+			q.Destroy()
+		})
+	}
+}
+
+func TestUnansweredRequestIsRejected(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{RequestTimeout: 200 * time.Millisecond})
+	must(t, err)
+	defer ln.Close()
+	c := cli.qp(QPAttr{})
+	// Nobody calls Accept: the listener rejects after RequestTimeout.
+	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{Timeout: 5 * time.Second})
+	var rej *RejectedError
+	if !errors.As(err, &rej) {
+		t.Fatalf("unanswered request: %v", err)
+	}
+	cr, err := ln.Accept(context.Background())
+	if err == nil {
+		if err := cr.Accept(cli.qp(QPAttr{}), nil); !errors.Is(err, ErrAnswered) {
+			t.Fatalf("accepting a timed-out request: %v", err)
+		}
+	}
+}
