@@ -355,6 +355,29 @@ func TestDisconnectFlushes(t *testing.T) {
 	if len(a.events) != 1 || a.events[0].Kind != Disconnected {
 		t.Fatalf("graceful events %+v", a.events)
 	}
+	// RFC 5040 / digest 004 §6: an orderly close ends in Idle, an
+	// abortive one in Error; neither takes work until Reset.
+	if a.q.State() != Idle || b.q.State() != Error {
+		t.Fatalf("after close: %v, after abort: %v", a.q.State(), b.q.State())
+	}
+	if err := a.q.PostSend(&SendWR{Op: OpSend}); !errors.Is(err, ErrState) {
+		t.Fatalf("post after an orderly close: %v", err)
+	}
+	for _, s := range []*side{a, b} {
+		must(t, s.q.Reset())
+	}
+	must(t, b.q.PostRecv(&RecvWR{SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+	if err := a.q.Reset(); !errors.Is(err, ErrState) {
+		t.Fatalf("reset of a fresh QP: %v", err)
+	}
+	// Connected again, the reset pair works.
+	must(t, a.q.Connect(mpa.Params{}, 1448, true))
+	must(t, b.q.Connect(mpa.Params{}, 1448, false))
+	must(t, a.q.PostSend(&SendWR{ID: 5, Op: OpSend, Flags: Signaled | Inline, InlineData: []byte("again")}))
+	newLink(a, b, 0).pump()
+	if rc := poll(b.rcq); len(rc) != 1 || rc[0].ByteLen != 5 {
+		t.Fatalf("after reset: %+v", rc)
+	}
 }
 
 func TestDeregisterWhileInUse(t *testing.T) {

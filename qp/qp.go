@@ -137,7 +137,8 @@ type QP struct {
 	term     *ddp.TerminateFields // a Terminate waiting to go out
 	termBuf  []byte
 	termDone bool
-	ended    bool // the terminal event was given
+	ended    bool // the connection is over: no more posts until Reset
+	told     bool // the terminal event was given
 }
 
 // New creates a QP in Idle. Receives may be posted before Connect.
@@ -185,7 +186,7 @@ func (q *QP) ORD() int { return q.ord }
 // in peer-to-peer mode; the responder sends nothing until the first FPDU
 // from the initiator has arrived (RFC 5044 §7.1.2 rule 4).
 func (q *QP) Connect(p mpa.Params, emss int, initiator bool) error {
-	if q.state != Idle {
+	if q.state != Idle || q.ended {
 		return ErrState
 	}
 	q.holdTx = !initiator
@@ -246,9 +247,7 @@ type rqe struct {
 // PostSend queues a send work request. Local buffers are checked and held
 // now; the request completes in order with the others.
 func (q *QP) PostSend(wr *SendWR) error {
-	switch q.state {
-	case Idle, RTS:
-	default:
+	if q.state != RTS && (q.state != Idle || q.ended) {
 		return ErrState
 	}
 	if q.sq.full() {
@@ -300,9 +299,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 // PostRecv queues a receive buffer. It may be posted in Idle, before the
 // connection exists, so that nothing the peer sends first is dropped.
 func (q *QP) PostRecv(wr *RecvWR) error {
-	switch q.state {
-	case Idle, RTS:
-	default:
+	if q.state != RTS && (q.state != Idle || q.ended) {
 		return ErrState
 	}
 	if q.rq.full() {
@@ -401,7 +398,7 @@ func (q *QP) retire() {
 
 // push delivers a completion; an overrun is fatal to the QP.
 func (q *QP) push(cq *completion.CQ, c completion.Completion) {
-	if err := cq.Push(c); err != nil && q.state != Error {
+	if err := cq.Push(c); err != nil && !q.ended {
 		q.fail(err)
 	}
 }
@@ -431,7 +428,7 @@ func (q *QP) termCause() error {
 // Abortive: the QP goes to Error at once and everything is flushed.
 func (q *QP) Disconnect(graceful bool) {
 	switch {
-	case q.state == Error:
+	case q.ended:
 	case graceful && q.state == RTS:
 		q.state = Closing
 	case graceful && q.state == Idle:
@@ -450,7 +447,7 @@ func (q *QP) Drained() bool {
 // LLPClosed tells the engine the connection ended: err nil for an orderly
 // close (FIN both ways), else a reset or loss.
 func (q *QP) LLPClosed(err error) {
-	if q.state == Error {
+	if q.ended {
 		return
 	}
 	if err == nil && q.state != Terminate {
@@ -468,10 +465,13 @@ func (q *QP) LLPClosed(err error) {
 // fail is a local catastrophic error.
 func (q *QP) fail(err error) { q.enterError(err, Broken) }
 
-// enterError moves to Error, flushes every outstanding request and gives
-// the terminal event once.
+// enterError flushes every outstanding request and gives the terminal event
+// once. An orderly close ends in Idle (digest 004 §6: "LLP Closed"), any
+// other end in Error; either way the connection is over, and only Reset
+// makes the QP usable again.
 func (q *QP) enterError(err error, kind EventKind) {
 	q.state = Error
+	q.ended = true
 	q.rx.drop(q)
 	for q.irq.len() > 0 {
 		q.irq.at(0).release()
@@ -499,11 +499,29 @@ func (q *QP) enterError(err error, kind EventKind) {
 		e.releaseAll()
 		q.rq.pop()
 	}
-	if !q.ended {
-		q.ended = true
+	if !q.told {
+		q.told = true
 		q.event(Event{Kind: kind, Err: err})
 	}
+	if kind == Disconnected {
+		q.state = Idle
+	}
 }
+
+// Reset returns a QP whose connection ended to a fresh Idle, so that it
+// can connect again (DAT ep_reset). Receives may be posted after it.
+func (q *QP) Reset() error {
+	if !q.ended {
+		return ErrState
+	}
+	*q = QP{cfg: q.cfg, ird: q.cfg.IRD, ord: q.cfg.ORD, sq: q.sq, rq: q.rq, orq: q.orq, irq: q.irq}
+	q.sendMSN, q.readMSN, q.atomicRspMSN = 1, 1, 1
+	q.expSend, q.expRead, q.expAtomicRsp = 1, 1, 1
+	return nil
+}
+
+// Ended reports that the QP's connection is over (Reset makes it usable).
+func (q *QP) Ended() bool { return q.ended }
 
 func (q *QP) event(e Event) {
 	if q.cfg.Events != nil {

@@ -443,7 +443,7 @@ func statusFor(c ddp.TerminateError) completion.Status {
 // fault go with it (RFC 5040 §4.8, Figure 10), the QP stops receiving, and
 // after the Terminate is sent it goes to Error.
 func (q *QP) terminate(cause error) {
-	if q.term != nil || q.state == Error {
+	if q.term != nil || q.ended {
 		return
 	}
 	var te ddp.TerminateError

@@ -99,6 +99,11 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 	if pd == nil || pd.dev != d {
 		return nil, fmt.Errorf("create QP: %w", ErrInvalidHandle)
 	}
+	// Seed 004: a QP runs on its CQ's poller, so both CQs share one.
+	if attr.SendCQ != nil && attr.RecvCQ != nil && attr.SendCQ.Vector() != attr.RecvCQ.Vector() {
+		return nil, fmt.Errorf("create QP: send CQ on vector %d, receive CQ on %d: %w",
+			attr.SendCQ.Vector(), attr.RecvCQ.Vector(), ErrInvalidParam)
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
@@ -128,6 +133,9 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 
 // QPN is the queue pair number.
 func (q *QP) QPN() uint32 { return q.qpn }
+
+// Vector is the completion vector (poller) the QP and its CQs belong to.
+func (q *QP) Vector() int { return q.attr.SendCQ.Vector() }
 
 // Events delivers the QP's connection events; the last is Disconnected or
 // Broken, exactly once.
@@ -293,7 +301,7 @@ func (q *QP) txLoop() {
 	for {
 		q.mu.Lock()
 		n := q.eng.Transmit(buf)
-		state, drained, abort := q.eng.State(), q.eng.Drained(), q.abort
+		ended, drained, abort := q.eng.Ended(), q.eng.Drained(), q.abort
 		q.mu.Unlock()
 		if n > 0 {
 			if _, err := q.conn.Write(buf[:n]); err != nil {
@@ -310,10 +318,10 @@ func (q *QP) txLoop() {
 			continue
 		}
 		switch {
-		case state == qp.Error && abort:
+		case ended && abort:
 			q.abortConn()
 			return
-		case state == qp.Error:
+		case ended:
 			// Graceful end, or after a Terminate: FIN, then wait a
 			// while for the peer's so the Terminate is delivered
 			// (RFC 5040 §6.2.1).

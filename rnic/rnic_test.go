@@ -298,6 +298,21 @@ func TestAbortIsSeenByThePeer(t *testing.T) {
 	}
 }
 
+func TestQPLivesOnOneVector(t *testing.T) {
+	h := newHost(t)
+	other, err := h.dev.CreateCQ(16, 1)
+	must(t, err)
+	if _, err := h.dev.CreateQP(h.pd, QPAttr{SQDepth: 1, RQDepth: 1, SendCQ: h.scq, RecvCQ: other}); !errors.Is(err, ErrInvalidParam) {
+		t.Fatalf("CQs on two vectors: %v", err)
+	}
+	q, err := h.dev.CreateQP(h.pd, QPAttr{SQDepth: 1, RQDepth: 1, SendCQ: other, RecvCQ: other})
+	must(t, err)
+	if q.Vector() != 1 {
+		t.Fatalf("vector %d", q.Vector())
+	}
+	q.Destroy()
+}
+
 func TestDeregisterBusyAndPDInUse(t *testing.T) {
 	h := newHost(t)
 	q := h.qp(QPAttr{})
