@@ -397,3 +397,102 @@ func TestUnansweredRequestIsRejected(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorClassesOverTCP: each class of remote error, over loopback TCP,
+// ends with the responder's Terminate carrying the RFC cause, the
+// requester told of it, both QPs in Error and every request accounted for.
+func TestErrorClassesOverTCP(t *testing.T) {
+	type env struct {
+		c       *QP
+		cbuf    *MR
+		w, r, a *MR // server regions: remote write, remote read, remote atomic
+		foreign *MR // server region in another PD
+	}
+	cases := []struct {
+		name     string
+		cause    ddp.TerminateError
+		post     func(e env) qp.SendWR
+		reqFails completion.Status // the requester's completion, for Reads and atomics
+	}{
+		{"write to unknown STag", ddp.DDPTaggedInvalidSTag, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpWrite, Flags: qp.Inline, InlineData: []byte("x"), RemoteSTag: 0x123400}
+		}, 0},
+		{"write out of bounds", ddp.DDPTaggedBaseOrBounds, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpWrite, Flags: qp.Inline, InlineData: []byte("xy"), RemoteSTag: e.w.STag, RemoteTO: e.w.Base + 4095}
+		}, 0},
+		{"write to another PD", ddp.DDPTaggedNotAssoc, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpWrite, Flags: qp.Inline, InlineData: []byte("x"), RemoteSTag: e.foreign.STag, RemoteTO: e.foreign.Base}
+		}, 0},
+		{"write without rights", ddp.RDMAPAccessRights, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpWrite, Flags: qp.Inline, InlineData: []byte("x"), RemoteSTag: e.r.STag, RemoteTO: e.r.Base}
+		}, 0},
+		{"send too long", ddp.DDPUntaggedTooLong, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpSend, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 65}}}
+		}, 0},
+		{"read of unknown STag", ddp.RDMAPInvalidSTag, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpRead, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 8}}, RemoteSTag: 0x999900}
+		}, completion.RemoteAccessError},
+		{"read out of bounds", ddp.RDMAPBaseOrBounds, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpRead, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 8}}, RemoteSTag: e.r.STag, RemoteTO: e.r.Base + 4090}
+		}, completion.RemoteAccessError},
+		{"read without rights", ddp.RDMAPAccessRights, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpRead, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 8}}, RemoteSTag: e.w.STag, RemoteTO: e.w.Base}
+		}, completion.RemoteAccessError},
+		{"read from another PD", ddp.RDMAPSTagNotAssociated, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpRead, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 8}}, RemoteSTag: e.foreign.STag, RemoteTO: e.foreign.Base}
+		}, completion.RemoteAccessError},
+		{"atomic without rights", ddp.RDMAPAccessRights, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpFetchAdd, SGL: []qp.SGE{{LKey: e.cbuf.STag, Addr: e.cbuf.Base, Length: 8}}, RemoteSTag: e.w.STag, RemoteTO: e.w.Base}
+		}, completion.RemoteAccessError},
+		{"invalidate of another PD's STag", ddp.RDMAPProtectionCannotInv, func(e env) qp.SendWR {
+			return qp.SendWR{Op: qp.OpSendInvalidate, Flags: qp.Inline, InlineData: []byte("x"), InvalidateSTag: e.foreign.STag}
+		}, 0},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			srv, cli := newHost(t), newHost(t)
+			e := env{cbuf: cli.mr(4096, qp.LocalWrite)}
+			e.w = srv.mr(4096, qp.LocalWrite|qp.RemoteWrite)
+			e.r = srv.mr(4096, qp.RemoteRead)
+			e.a = srv.mr(4096, qp.LocalWrite|qp.RemoteAtomic)
+			otherPD, err := srv.dev.AllocPD()
+			must(t, err)
+			e.foreign, err = srv.dev.RegisterMR(otherPD, make([]byte, 4096), 0, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead)
+			must(t, err)
+			rb := srv.mr(64, qp.LocalWrite)
+			s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, _ *QP) {
+				must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+			})
+			e.c = c
+			wr := tc.post(e)
+			wr.ID, wr.Flags = 42, wr.Flags|qp.Signaled
+			must(t, c.PostSend(&wr))
+			if ev := waitEvent(t, s, TerminateSent); ev.Err != tc.cause {
+				t.Fatalf("responder sent %v, want %v", ev.Err, tc.cause)
+			}
+			if ev := waitEvent(t, c, TerminateReceived); !errors.Is(ev.Err, tc.cause) {
+				t.Fatalf("requester received %v, want %v", ev.Err, tc.cause)
+			}
+			waitEvent(t, s, Broken)
+			waitEvent(t, c, Broken)
+			if s.State() != qp.Error || c.State() != qp.Error {
+				t.Fatalf("states %v %v", s.State(), c.State())
+			}
+			cpl := wait(t, cli.scq, 1)[0]
+			if tc.reqFails != 0 && (cpl.Status != tc.reqFails || !errors.Is(cpl.Err, tc.cause)) {
+				t.Fatalf("requester completion %+v", cpl)
+			}
+			// The server's posted receive is consumed or flushed, never lost.
+			if rc := wait(t, srv.rcq, 1); rc[0].ID != 1 {
+				t.Fatalf("server receive %+v", rc)
+			}
+			for _, x := range e.w.Buf {
+				if x != 0 {
+					t.Fatal("a refused Write changed memory")
+				}
+			}
+			s.Destroy()
+			c.Destroy()
+		})
+	}
+}
