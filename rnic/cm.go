@@ -255,7 +255,10 @@ func (l *Listener) handshake(nc *net.TCPConn) {
 	cr := &ConnRequest{l: l, conn: nc, req: req, PrivateData: clone(req.PrivateData),
 		RemoteAddr: nc.RemoteAddr().(*net.TCPAddr), LocalAddr: nc.LocalAddr().(*net.TCPAddr)}
 	cr.req.PrivateData = cr.PrivateData
+	// The timer may fire at once; answer() takes cr.mu, so it sees timer.
+	cr.mu.Lock()
 	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+	cr.mu.Unlock()
 	select {
 	case l.reqs <- cr:
 	case <-l.done:
