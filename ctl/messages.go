@@ -1,0 +1,291 @@
+package ctl
+
+import "fmt"
+
+// Op names a request (and its reply).
+type Op uint16
+
+// Operations. The numbers are the protocol: never renumber.
+const (
+	OpHello Op = iota + 1
+	OpQueryIA
+	OpCreatePZ
+	OpFreePZ
+	OpRegisterLMR
+	OpFreeLMR
+	OpCreateEVD
+	OpFreeEVD
+	OpCreateEP
+	OpModifyEP
+	OpQueryEP
+	OpFreeEP
+	OpConnect
+	OpDisconnect
+	OpResetEP
+	OpCreatePSP
+	OpFreePSP
+	OpCreateRSP
+	OpQueryCR
+	OpAcceptCR
+	OpRejectCR
+	OpStats
+	opEnd
+)
+
+var opNames = [...]string{"", "Hello", "QueryIA", "CreatePZ", "FreePZ", "RegisterLMR", "FreeLMR", "CreateEVD", "FreeEVD",
+	"CreateEP", "ModifyEP", "QueryEP", "FreeEP", "Connect", "Disconnect", "ResetEP", "CreatePSP", "FreePSP", "CreateRSP",
+	"QueryCR", "AcceptCR", "RejectCR", "Stats"}
+
+func (o Op) String() string {
+	if o > 0 && o < opEnd {
+		return opNames[o]
+	}
+	return fmt.Sprintf("op(%d)", uint16(o))
+}
+
+// Valid reports whether the op is known.
+func (o Op) Valid() bool { return o > 0 && o < opEnd }
+
+// Status is a DAT-style return code.
+type Status uint32
+
+// Statuses (DAT 2.0 major codes, by name).
+const (
+	Success Status = iota
+	InvalidHandle
+	InvalidState
+	InvalidParameter
+	InsufficientResources
+	InvalidAddress
+	ProtectionViolation
+	NotImplemented
+	ModelNotSupported
+	Timeout
+	InternalError
+	ProtocolError
+	statusEnd
+)
+
+var statusNames = [...]string{"SUCCESS", "INVALID_HANDLE", "INVALID_STATE", "INVALID_PARAMETER", "INSUFFICIENT_RESOURCES",
+	"INVALID_ADDRESS", "PROTECTION_VIOLATION", "NOT_IMPLEMENTED", "MODEL_NOT_SUPPORTED", "TIMEOUT", "INTERNAL_ERROR", "PROTOCOL_ERROR"}
+
+func (s Status) String() string {
+	if s < statusEnd {
+		return statusNames[s]
+	}
+	return fmt.Sprintf("status(%d)", uint32(s))
+}
+
+// Error is a failed reply: a status and the daemon's message.
+type Error struct {
+	Status  Status
+	Message string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%v: %s", e.Status, e.Message) }
+
+// Is makes errors.Is(err, &Error{Status: s}) match on the status alone.
+func (e *Error) Is(target error) bool {
+	t, ok := target.(*Error)
+	return ok && t.Status == e.Status && t.Message == ""
+}
+
+// ErrorBody is the body of a failed reply.
+type ErrorBody struct{ Message string }
+
+// Hello opens a session. The reply passes the session's doorbell eventfd.
+type Hello struct {
+	Client string
+}
+
+// IAAttr are the interface adapter's attributes.
+type IAAttr struct {
+	Name          string // interface
+	Datapath      string // kernel or xdp
+	Address       string // the IP address of the interface
+	MaxEP         uint32
+	MaxEVD        uint32
+	MaxEVDDepth   uint32
+	MaxLMRSize    uint64
+	MaxPrivate    uint16
+	MaxSGE        uint8
+	MaxIRD        uint16
+	MaxORD        uint16
+	MaxSQ, MaxRQ  uint32
+	DaemonVersion string
+}
+
+// HelloReply carries the IA attributes.
+type HelloReply struct {
+	Session uint32
+	IA      IAAttr
+}
+
+// Handle is a session-local object handle; 0 is never valid.
+type Handle struct{ H uint32 }
+
+// CreatePZReply returns the new PZ.
+type CreatePZReply struct{ PZ uint32 }
+
+// Access rights of an LMR (the bits of qp.Access).
+const (
+	AccessLocalWrite   = 1
+	AccessRemoteRead   = 2
+	AccessRemoteWrite  = 4
+	AccessRemoteAtomic = 8
+)
+
+// RegisterLMR registers [Offset, Offset+Length) of the memfd passed with
+// the request, which the client maps at VA. The memfd must be sealed
+// against shrinking.
+type RegisterLMR struct {
+	PZ     uint32
+	Offset uint64
+	Length uint64
+	VA     uint64
+	Access uint8
+}
+
+// RegisterLMRReply gives the LMR handle and its STag (the RMR context a
+// peer uses).
+type RegisterLMRReply struct {
+	LMR  uint32
+	STag uint32
+}
+
+// EVD flags: what a DAT EVD receives.
+const (
+	EVDDTO        = 1 // data transfer completions
+	EVDConnection = 2 // connection events
+	EVDCR         = 4 // connection requests
+)
+
+// CreateEVD creates an event dispatcher with a ring of Depth entries in
+// shared memory; the reply passes the ring's memfd and the eventfd the
+// daemon signals when the client armed the EVD.
+type CreateEVD struct {
+	Depth  uint32
+	Flags  uint8
+	Vector uint32
+}
+
+// CreateEVDReply gives the handle and ring size.
+type CreateEVDReply struct {
+	EVD     uint32
+	Entries uint32
+}
+
+// EPAttr are the attributes of an endpoint.
+type EPAttr struct {
+	PZ         uint32 // 0: none (no QP until one is set)
+	RecvEVD    uint32
+	RequestEVD uint32
+	ConnectEVD uint32
+	SQDepth    uint32
+	RQDepth    uint32
+	IRD, ORD   uint16
+	NoCRC      bool
+	Markers    bool
+	MPARev     uint8
+	PeerToPeer bool
+}
+
+// CreateEP creates an endpoint. With a PZ the reply passes the memfd of
+// its send and receive rings.
+type CreateEP struct{ Attr EPAttr }
+
+// EPReply is returned by CreateEP and ModifyEP: the handle and, when a QP
+// exists, the ring sizes (the rings' memfd comes with it).
+type EPReply struct {
+	EP        uint32
+	HasRings  bool
+	SQEntries uint32
+	RQEntries uint32
+}
+
+// ModifyEP changes attributes; Mask says which (EPModify*).
+type ModifyEP struct {
+	EP   uint32
+	Mask uint32
+	Attr EPAttr
+}
+
+// ModifyEP mask bits.
+const (
+	ModifyPZ = 1 << iota
+	ModifyEVDs
+	ModifyDepths
+	ModifyIRDORD
+	ModifyImmutable // a field that can never change: always refused
+)
+
+// EPInfo is what QueryEP returns.
+type EPInfo struct {
+	State       uint8
+	Attr        EPAttr
+	LocalAddr   string
+	RemoteAddr  string
+	PrivateData []byte // the peer's, once connected
+	HasQP       bool
+}
+
+// Connect starts an active connection.
+type Connect struct {
+	EP          uint32
+	Addr        string // host:port
+	PrivateData []byte
+	TimeoutUS   uint64
+}
+
+// Disconnect closes a connection.
+type Disconnect struct {
+	EP       uint32
+	Graceful bool
+}
+
+// CreatePSP listens on a port. With ProviderEP each request comes with an
+// endpoint the provider created (DAT_PSP_PROVIDER_FLAG).
+type CreatePSP struct {
+	Port       uint16
+	EVD        uint32
+	ProviderEP bool
+}
+
+// CreateRSP listens on a port for one request, for one EP.
+type CreateRSP struct {
+	Port uint16
+	EP   uint32
+	EVD  uint32
+}
+
+// CRInfo is what QueryCR returns.
+type CRInfo struct {
+	PrivateData []byte
+	RemoteAddr  string
+	LocalAddr   string
+	EP          uint32 // the provider-created or reserved EP, if any
+}
+
+// AcceptCR accepts a request on EP (0: the CR's own EP).
+type AcceptCR struct {
+	CR          uint32
+	EP          uint32
+	PrivateData []byte
+}
+
+// RejectCR rejects a request.
+type RejectCR struct {
+	CR          uint32
+	PrivateData []byte
+}
+
+// StatsReply counts a session's objects, for tests and operators.
+type StatsReply struct {
+	Sessions uint32
+	PZ       uint32
+	LMR      uint32
+	EVD      uint32
+	EP       uint32
+	PSP      uint32
+	CR       uint32
+}
