@@ -36,6 +36,10 @@ type QPAttr struct {
 	// PeerToPeer asks for (initiator) or accepts (responder) the
 	// peer-to-peer model with a zero-length RTR.
 	PeerToPeer bool
+	// OnEvent, if set, receives the connection events instead of the
+	// Events channel. It runs with the QP locked: it must not block or
+	// call back into the QP.
+	OnEvent func(ConnEvent)
 }
 
 // Timeouts of connection management.
@@ -156,6 +160,10 @@ func (q *QP) engineEvent(e qp.Event) {
 }
 
 func (q *QP) post(ev ConnEvent) {
+	if q.attr.OnEvent != nil {
+		q.attr.OnEvent(ev)
+		return
+	}
 	select {
 	case q.events <- ev:
 	default:
@@ -206,6 +214,25 @@ func (q *QP) Disconnect(graceful bool) {
 	q.eng.Disconnect(graceful)
 	q.mu.Unlock()
 	q.wake()
+}
+
+// Reset returns a QP whose connection ended to a fresh, unconnected state
+// (DAT ep_reset), once its loops are done.
+func (q *QP) Reset() error {
+	q.mu.Lock()
+	ended := q.eng.Ended()
+	q.mu.Unlock()
+	if !ended {
+		return fmt.Errorf("reset QP %d: connection not over: %w", q.qpn, ErrState)
+	}
+	q.loops.Wait()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.eng.Reset(); err != nil {
+		return fmt.Errorf("reset QP %d: %w", q.qpn, ErrState)
+	}
+	q.conn, q.sentTot, q.abort, q.finSent = nil, 0, false, false
+	return nil
 }
 
 // Destroy aborts the connection if any, waits for its loops to end, and

@@ -496,3 +496,64 @@ func TestErrorClassesOverTCP(t *testing.T) {
 		})
 	}
 }
+
+func TestResetAndReconnect(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	_, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	if err := c.Reset(); !errors.Is(err, ErrState) {
+		t.Fatalf("reset while connected: %v", err)
+	}
+	c.Disconnect(true)
+	if ev := waitEvent(t, c, Disconnected, Broken); ev.Kind != Disconnected {
+		t.Fatalf("close: %+v", ev)
+	}
+	must(t, c.Reset())
+	// The reset QP connects again, to a new server QP, and works.
+	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
+	must(t, err)
+	defer ln.Close()
+	s2 := srv.qp(QPAttr{})
+	rb := srv.mr(64, qp.LocalWrite)
+	must(t, s2.PostRecv(&qp.RecvWR{ID: 3, SGL: []qp.SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+	go func() {
+		if cr, err := ln.Accept(context.Background()); err == nil {
+			_ = cr.Accept(s2, nil)
+		}
+	}()
+	if _, err := c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{}); err != nil {
+		t.Fatalf("reconnect after reset: %v", err)
+	}
+	waitEvent(t, c, Established)
+	must(t, c.PostSend(&qp.SendWR{Op: qp.OpSend, Flags: qp.Inline, InlineData: []byte("again")}))
+	if rc := wait(t, srv.rcq, 1); rc[0].ID != 3 || rc[0].ByteLen != 5 {
+		t.Fatalf("after reconnect: %+v", rc)
+	}
+}
+
+func TestOnEventReplacesTheChannel(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	evc := make(chan ConnEventKind, 16)
+	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
+	must(t, err)
+	defer ln.Close()
+	s := srv.qp(QPAttr{OnEvent: func(e ConnEvent) { evc <- e.Kind }})
+	go func() {
+		if cr, err := ln.Accept(context.Background()); err == nil {
+			_ = cr.Accept(s, nil)
+		}
+	}()
+	c := cli.qp(QPAttr{})
+	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{})
+	must(t, err)
+	c.Disconnect(false)
+	for _, want := range []ConnEventKind{Established, Broken} {
+		select {
+		case k := <-evc:
+			if k != want {
+				t.Fatalf("event %v, want %v", k, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no %v", want)
+		}
+	}
+}
