@@ -289,3 +289,38 @@ type StatsReply struct {
 	PSP      uint32
 	CR       uint32
 }
+
+// EP states (DAT 2.0, digest 003 §2).
+const (
+	EPUnconnected uint8 = iota
+	EPReserved
+	EPPassivePending
+	EPActivePending
+	EPTentativePending
+	EPCompletionPending
+	EPConnected
+	EPDisconnectPending
+	EPDisconnected
+)
+
+// EPStateName names an EP state.
+func EPStateName(s uint8) string {
+	names := [...]string{"UNCONNECTED", "RESERVED", "PASSIVE_CONNECTION_PENDING", "ACTIVE_CONNECTION_PENDING",
+		"TENTATIVE_CONNECTION_PENDING", "COMPLETION_PENDING", "CONNECTED", "DISCONNECT_PENDING", "DISCONNECTED"}
+	if int(s) < len(names) {
+		return names[s]
+	}
+	return fmt.Sprintf("state(%d)", s)
+}
+
+// Connection events (the Event of a connection EVE).
+const (
+	EvEstablished uint32 = iota + 1
+	EvPeerRejected
+	EvNonPeerRejected
+	EvUnreachable
+	EvTimedOut
+	EvDisconnected
+	EvBroken
+	EvAcceptCompletionError
+)

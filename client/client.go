@@ -1,0 +1,279 @@
+// Package client attaches an application to softrnicd with DAT-style verbs:
+// an interface adapter (IA) per daemon, protection zones (PZ), local memory
+// regions (LMR) over shared memory the daemon maps, event dispatchers (EVD),
+// endpoints (EP), public and reserved service points (PSP, RSP) and
+// connection requests (CR).
+//
+// Control verbs go over the daemon's Unix socket. The data path does not:
+// posting a work request writes a ring in shared memory, and completions
+// arrive in another; a system call happens only to wake a sleeping daemon
+// or to sleep waiting for an event. The package needs no privileges.
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/shm"
+)
+
+// Errors, testable with errors.Is; each carries the daemon's DAT status.
+var (
+	ErrInvalidHandle         = &ctl.Error{Status: ctl.InvalidHandle}
+	ErrInvalidState          = &ctl.Error{Status: ctl.InvalidState}
+	ErrInvalidParameter      = &ctl.Error{Status: ctl.InvalidParameter}
+	ErrInsufficientResources = &ctl.Error{Status: ctl.InsufficientResources}
+	ErrNotImplemented        = &ctl.Error{Status: ctl.NotImplemented}
+	ErrTimeout               = &ctl.Error{Status: ctl.Timeout}
+	// ErrQueueFull: the EP's ring has no free entry (a DAT
+	// INSUFFICIENT_RESOURCES); reap completions and post again.
+	ErrQueueFull = fmt.Errorf("client: work queue full: %w", ErrInsufficientResources)
+	// ErrClosed: the IA was closed or the daemon went away.
+	ErrClosed = errors.New("client: interface adapter closed")
+)
+
+// Options for Open.
+type Options struct {
+	// Socket is the daemon's control socket, /run/softrnic/IFACE.sock by
+	// default for Iface.
+	Socket string
+	Iface  string
+	// Name identifies the application in the daemon's log.
+	Name string
+}
+
+// IA is an open interface adapter: one session with a daemon.
+type IA struct {
+	conn     *net.UnixConn
+	attr     ctl.IAAttr
+	doorbell *os.File
+
+	mu     sync.Mutex // one request in flight on the socket
+	nextID uint32
+	closed bool
+
+	objMu sync.Mutex
+	eps   map[uint32]*EP
+}
+
+// Open connects to the daemon.
+func Open(ctx context.Context, opts Options) (*IA, error) {
+	path := opts.Socket
+	if path == "" {
+		if opts.Iface == "" {
+			return nil, fmt.Errorf("open IA: no socket or interface given: %w", ErrInvalidParameter)
+		}
+		path = "/run/softrnic/" + opts.Iface + ".sock"
+	}
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unixpacket", path)
+	if err != nil {
+		return nil, fmt.Errorf("open IA: connect to softrnicd at %s: %w", path, err)
+	}
+	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}}
+	var reply ctl.HelloReply
+	files, err := ia.call(ctl.OpHello, &ctl.Hello{Client: opts.Name}, nil, &reply)
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("open IA: %w", err)
+	}
+	if len(files) != 1 {
+		c.Close()
+		closeAll(files)
+		return nil, fmt.Errorf("open IA: daemon passed %d descriptors, want the doorbell", len(files))
+	}
+	ia.attr, ia.doorbell = reply.IA, files[0]
+	return ia, nil
+}
+
+// Attr are the IA's attributes (dat_ia_query).
+func (ia *IA) Attr() ctl.IAAttr { return ia.attr }
+
+// Close ends the session. The daemon aborts its connections and frees
+// every object it owned; the process's mappings stay until Free or exit.
+func (ia *IA) Close() error {
+	ia.mu.Lock()
+	defer ia.mu.Unlock()
+	if ia.closed {
+		return nil
+	}
+	ia.closed = true
+	ia.doorbell.Close()
+	return ia.conn.Close()
+}
+
+func closeAll(fs []*os.File) {
+	for _, f := range fs {
+		f.Close()
+	}
+}
+
+// call sends one request and waits for its reply.
+func (ia *IA) call(op ctl.Op, req any, fds []*os.File, reply any) ([]*os.File, error) {
+	ia.mu.Lock()
+	defer ia.mu.Unlock()
+	if ia.closed {
+		return nil, ErrClosed
+	}
+	ia.nextID++
+	id := ia.nextID
+	msg, err := ctl.Marshal(ctl.Header{Op: op, ID: id}, req)
+	if err != nil {
+		return nil, err
+	}
+	var rights []byte
+	if len(fds) > 0 {
+		ints := make([]int, len(fds))
+		for i, f := range fds {
+			ints[i] = int(f.Fd())
+		}
+		rights = unix.UnixRights(ints...)
+	}
+	if _, _, err := ia.conn.WriteMsgUnix(msg, rights, nil); err != nil {
+		return nil, fmt.Errorf("%v: %w: %v", op, ErrClosed, err)
+	}
+	buf := make([]byte, ctl.MaxMessage)
+	oob := make([]byte, unix.CmsgSpace(4*4))
+	n, oobn, _, _, err := ia.conn.ReadMsgUnix(buf, oob)
+	if err != nil || n == 0 {
+		return nil, fmt.Errorf("%v: %w", op, ErrClosed)
+	}
+	files := parseFDs(oob[:oobn])
+	h, body, err := ctl.ParseHeader(buf[:n])
+	if err != nil || h.ID != id || h.Op != op {
+		closeAll(files)
+		return nil, fmt.Errorf("%v: bad reply from the daemon: %v", op, err)
+	}
+	if h.Status != ctl.Success {
+		closeAll(files)
+		var eb ctl.ErrorBody
+		_ = ctl.Unmarshal(body, &eb)
+		return nil, &ctl.Error{Status: h.Status, Message: eb.Message}
+	}
+	if reply == nil {
+		reply = &struct{}{}
+	}
+	if err := ctl.Unmarshal(body, reply); err != nil {
+		closeAll(files)
+		return nil, fmt.Errorf("%v: bad reply body: %w", op, err)
+	}
+	return files, nil
+}
+
+func parseFDs(oob []byte) []*os.File {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var out []*os.File
+	for _, m := range msgs {
+		fds, err := unix.ParseUnixRights(&m)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			unix.CloseOnExec(fd)
+			out = append(out, os.NewFile(uintptr(fd), "softrnic"))
+		}
+	}
+	return out
+}
+
+// PZ is a protection zone.
+type PZ struct {
+	ia *IA
+	h  uint32
+}
+
+// CreatePZ creates a protection zone.
+func (ia *IA) CreatePZ() (*PZ, error) {
+	var r ctl.CreatePZReply
+	if _, err := ia.call(ctl.OpCreatePZ, &struct{}{}, nil, &r); err != nil {
+		return nil, fmt.Errorf("create PZ: %w", err)
+	}
+	return &PZ{ia: ia, h: r.PZ}, nil
+}
+
+// Free frees the PZ; it fails while LMRs or EPs use it.
+func (pz *PZ) Free() error {
+	if _, err := pz.ia.call(ctl.OpFreePZ, &ctl.Handle{H: pz.h}, nil, nil); err != nil {
+		return fmt.Errorf("free PZ: %w", err)
+	}
+	return nil
+}
+
+// Buffer is memory the daemon can map: a sealed memfd mapped here.
+type Buffer struct {
+	mem *shm.Memfd
+	// Bytes is the memory.
+	Bytes []byte
+}
+
+// Alloc returns size octets of registrable memory (rounded up to pages).
+func (ia *IA) Alloc(size int) (*Buffer, error) {
+	page := os.Getpagesize()
+	n := (size + page - 1) / page * page
+	if n == 0 {
+		return nil, fmt.Errorf("alloc: %w: size %d", ErrInvalidParameter, size)
+	}
+	m, err := shm.NewMemfd("softrnic-buf", n)
+	if err != nil {
+		return nil, fmt.Errorf("alloc: %w", err)
+	}
+	return &Buffer{mem: m, Bytes: m.Mem[:size]}, nil
+}
+
+// Free unmaps the buffer; deregister its LMRs first.
+func (b *Buffer) Free() error { return b.mem.Close() }
+
+// Access rights of an LMR.
+type Access uint8
+
+// Rights.
+const (
+	LocalWrite   Access = ctl.AccessLocalWrite
+	RemoteRead   Access = ctl.AccessRemoteRead
+	RemoteWrite  Access = ctl.AccessRemoteWrite
+	RemoteAtomic Access = ctl.AccessRemoteAtomic
+)
+
+// LMR is a registered local memory region.
+type LMR struct {
+	pz  *PZ
+	h   uint32
+	buf *Buffer
+	// Context is the STag: the LMR context locally and the RMR context a
+	// peer uses to reach this memory.
+	Context uint32
+	va      uint64
+}
+
+// RegisterLMR registers a whole Buffer with the given rights.
+func (pz *PZ) RegisterLMR(b *Buffer, access Access) (*LMR, error) {
+	va := uint64(uintptrOf(b.mem.Mem))
+	req := &ctl.RegisterLMR{PZ: pz.h, Offset: 0, Length: uint64(len(b.mem.Mem)), VA: va, Access: uint8(access)}
+	var r ctl.RegisterLMRReply
+	if _, err := pz.ia.call(ctl.OpRegisterLMR, req, []*os.File{b.mem.File}, &r); err != nil {
+		return nil, fmt.Errorf("register LMR: %w", err)
+	}
+	return &LMR{pz: pz, h: r.LMR, buf: b, Context: r.STag, va: va}, nil
+}
+
+// Address is the tagged offset of byte off of the region, what a peer puts
+// in RDMA requests along with Context.
+func (l *LMR) Address(off uint64) uint64 { return l.va + off }
+
+// Free deregisters; it fails while a request uses the region.
+func (l *LMR) Free() error {
+	if _, err := l.pz.ia.call(ctl.OpFreeLMR, &ctl.Handle{H: l.h}, nil, nil); err != nil {
+		return fmt.Errorf("free LMR: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,219 @@
+package client
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/shm"
+)
+
+// EPState is the DAT endpoint state.
+type EPState uint8
+
+// EP states.
+const (
+	Unconnected         EPState = EPState(ctl.EPUnconnected)
+	Reserved            EPState = EPState(ctl.EPReserved)
+	PassivePending      EPState = EPState(ctl.EPPassivePending)
+	ActivePending       EPState = EPState(ctl.EPActivePending)
+	TentativePending    EPState = EPState(ctl.EPTentativePending)
+	CompletionPending   EPState = EPState(ctl.EPCompletionPending)
+	Connected           EPState = EPState(ctl.EPConnected)
+	DisconnectPending   EPState = EPState(ctl.EPDisconnectPending)
+	DisconnectedState   EPState = EPState(ctl.EPDisconnected)
+	connectTimeoutFloor         = time.Millisecond
+)
+
+func (s EPState) String() string { return ctl.EPStateName(uint8(s)) }
+
+// EPAttr are an endpoint's attributes.
+type EPAttr struct {
+	// PZ may be nil: the EP then has no QP until Modify sets one.
+	PZ                              *PZ
+	RecvEVD, RequestEVD, ConnectEVD *EVD
+	// Depths of the send and receive queues (rounded up to powers of 2).
+	SQDepth, RQDepth int
+	// IRD and ORD offered in MPA startup.
+	IRD, ORD int
+	// NoCRC does not ask for MPA CRC32c; Markers asks for MPA markers;
+	// MPARevision 1 speaks plain RFC 5044; PeerToPeer asks for the
+	// RFC 6581 peer-to-peer model.
+	NoCRC, Markers bool
+	MPARevision    int
+	PeerToPeer     bool
+}
+
+func (a *EPAttr) wire() ctl.EPAttr {
+	w := ctl.EPAttr{SQDepth: uint32(a.SQDepth), RQDepth: uint32(a.RQDepth), IRD: uint16(a.IRD), ORD: uint16(a.ORD),
+		NoCRC: a.NoCRC, Markers: a.Markers, MPARev: uint8(a.MPARevision), PeerToPeer: a.PeerToPeer}
+	if a.PZ != nil {
+		w.PZ = a.PZ.h
+	}
+	if a.RecvEVD != nil {
+		w.RecvEVD = a.RecvEVD.h
+	}
+	if a.RequestEVD != nil {
+		w.RequestEVD = a.RequestEVD.h
+	}
+	if a.ConnectEVD != nil {
+		w.ConnectEVD = a.ConnectEVD.h
+	}
+	return w
+}
+
+// EP is an endpoint.
+type EP struct {
+	ia *IA
+	h  uint32
+
+	mu    sync.Mutex // one producer per ring
+	rings []byte
+	sq    *shm.Ring
+	rq    *shm.Ring
+}
+
+// epFor returns the EP object for a handle, creating one for an EP the
+// provider made (a PSP with the provider flag).
+func (ia *IA) epFor(h uint32) *EP {
+	ia.objMu.Lock()
+	defer ia.objMu.Unlock()
+	e := ia.eps[h]
+	if e == nil {
+		e = &EP{ia: ia, h: h}
+		ia.eps[h] = e
+	}
+	return e
+}
+
+// CreateEP creates an endpoint in UNCONNECTED.
+func (ia *IA) CreateEP(a EPAttr) (*EP, error) {
+	var r ctl.EPReply
+	files, err := ia.call(ctl.OpCreateEP, &ctl.CreateEP{Attr: a.wire()}, nil, &r)
+	if err != nil {
+		return nil, fmt.Errorf("create EP: %w", err)
+	}
+	e := ia.epFor(r.EP)
+	if err := e.attach(&r, files); err != nil {
+		return nil, fmt.Errorf("create EP: %w", err)
+	}
+	return e, nil
+}
+
+// attach maps the rings the daemon passed with an EP reply.
+func (e *EP) attach(r *ctl.EPReply, files []*os.File) error {
+	defer closeAll(files)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.rings != nil {
+		_ = shm.Unmap(e.rings)
+		e.rings, e.sq, e.rq = nil, nil, nil
+	}
+	if !r.HasRings {
+		return nil
+	}
+	if len(files) != 1 {
+		return fmt.Errorf("daemon passed %d descriptors for the rings", len(files))
+	}
+	sqSize := shm.RingSize(r.SQEntries, shm.SQESize)
+	m, err := shm.Map(files[0], 0, sqSize+shm.RingSize(r.RQEntries, shm.RQESize))
+	if err != nil {
+		return err
+	}
+	sq, err1 := shm.NewRing(m[:sqSize], r.SQEntries, shm.SQESize)
+	rq, err2 := shm.NewRing(m[sqSize:], r.RQEntries, shm.RQESize)
+	if err1 != nil || err2 != nil {
+		_ = shm.Unmap(m)
+		return fmt.Errorf("rings: %v %v", err1, err2)
+	}
+	e.rings, e.sq, e.rq = m, sq, rq
+	return nil
+}
+
+// Handle is the daemon's handle of the EP.
+func (e *EP) Handle() uint32 { return e.h }
+
+// Modify changes attributes (dat_ep_modify); which ones, mask says
+// (ctl.ModifyPZ, ModifyEVDs, ModifyDepths, ModifyIRDORD).
+func (e *EP) Modify(mask uint32, a EPAttr) error {
+	var r ctl.EPReply
+	files, err := e.ia.call(ctl.OpModifyEP, &ctl.ModifyEP{EP: e.h, Mask: mask, Attr: a.wire()}, nil, &r)
+	if err != nil {
+		return fmt.Errorf("modify EP: %w", err)
+	}
+	return e.attach(&r, files)
+}
+
+// EPInfo is what Query returns.
+type EPInfo struct {
+	State       EPState
+	LocalAddr   string
+	RemoteAddr  string
+	PrivateData []byte
+	HasQP       bool
+}
+
+// Query returns the EP's state and addresses (dat_ep_query).
+func (e *EP) Query() (EPInfo, error) {
+	var r ctl.EPInfo
+	if _, err := e.ia.call(ctl.OpQueryEP, &ctl.Handle{H: e.h}, nil, &r); err != nil {
+		return EPInfo{}, fmt.Errorf("query EP: %w", err)
+	}
+	return EPInfo{State: EPState(r.State), LocalAddr: r.LocalAddr, RemoteAddr: r.RemoteAddr, PrivateData: r.PrivateData, HasQP: r.HasQP}, nil
+}
+
+// State is the EP's state.
+func (e *EP) State() (EPState, error) {
+	i, err := e.Query()
+	return i.State, err
+}
+
+// Connect starts connecting to addr (IPv4 host:port) and returns at once;
+// the outcome arrives on the connect EVD (ESTABLISHED, PEER_REJECTED,
+// NON_PEER_REJECTED, UNREACHABLE or TIMED_OUT).
+func (e *EP) Connect(addr string, privateData []byte, timeout time.Duration) error {
+	if timeout <= 0 {
+		return fmt.Errorf("connect: %w: timeout %v", ErrInvalidParameter, timeout)
+	}
+	req := &ctl.Connect{EP: e.h, Addr: addr, PrivateData: privateData, TimeoutUS: uint64(max(timeout, connectTimeoutFloor) / time.Microsecond)}
+	if _, err := e.ia.call(ctl.OpConnect, req, nil, nil); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	return nil
+}
+
+// Disconnect closes the connection: gracefully (posted requests finish) or
+// abruptly (flushed). On an UNCONNECTED EP it flushes the posted receives.
+func (e *EP) Disconnect(graceful bool) error {
+	if _, err := e.ia.call(ctl.OpDisconnect, &ctl.Disconnect{EP: e.h, Graceful: graceful}, nil, nil); err != nil {
+		return fmt.Errorf("disconnect: %w", err)
+	}
+	return nil
+}
+
+// Reset returns a DISCONNECTED EP to UNCONNECTED.
+func (e *EP) Reset() error {
+	if _, err := e.ia.call(ctl.OpResetEP, &ctl.Handle{H: e.h}, nil, nil); err != nil {
+		return fmt.Errorf("reset EP: %w", err)
+	}
+	return nil
+}
+
+// Free frees the EP, aborting its connection.
+func (e *EP) Free() error {
+	if _, err := e.ia.call(ctl.OpFreeEP, &ctl.Handle{H: e.h}, nil, nil); err != nil {
+		return fmt.Errorf("free EP: %w", err)
+	}
+	e.ia.objMu.Lock()
+	delete(e.ia.eps, e.h)
+	e.ia.objMu.Unlock()
+	e.mu.Lock()
+	if e.rings != nil {
+		_ = shm.Unmap(e.rings)
+		e.rings, e.sq, e.rq = nil, nil, nil
+	}
+	e.mu.Unlock()
+	return nil
+}

@@ -1,0 +1,215 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+	"unsafe"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/internal/shm"
+)
+
+func uintptrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// EVDKind says what an EVD receives; combine with |.
+type EVDKind uint8
+
+// Kinds.
+const (
+	DTOEvents        EVDKind = ctl.EVDDTO
+	ConnectionEvents EVDKind = ctl.EVDConnection
+	CREvents         EVDKind = ctl.EVDCR
+)
+
+// EVDOptions configure an EVD.
+type EVDOptions struct {
+	Depth int
+	Kind  EVDKind
+	// Vector is the completion vector (the daemon's poller) of a DTO EVD.
+	Vector int
+}
+
+// EVD is an event dispatcher: a ring the daemon fills.
+type EVD struct {
+	ia     *IA
+	h      uint32
+	mem    []byte
+	ring   *shm.Ring
+	notify *os.File
+	mu     sync.Mutex // one consumer at a time
+}
+
+// CreateEVD creates an event dispatcher.
+func (ia *IA) CreateEVD(o EVDOptions) (*EVD, error) {
+	if o.Depth <= 0 || o.Kind == 0 {
+		return nil, fmt.Errorf("create EVD: %w: depth %d kind %d", ErrInvalidParameter, o.Depth, o.Kind)
+	}
+	var r ctl.CreateEVDReply
+	files, err := ia.call(ctl.OpCreateEVD, &ctl.CreateEVD{Depth: uint32(o.Depth), Flags: uint8(o.Kind), Vector: uint32(o.Vector)}, nil, &r)
+	if err != nil {
+		return nil, fmt.Errorf("create EVD: %w", err)
+	}
+	if len(files) != 2 {
+		closeAll(files)
+		return nil, fmt.Errorf("create EVD: daemon passed %d descriptors", len(files))
+	}
+	defer files[0].Close()
+	mem, err := shm.Map(files[0], 0, shm.RingSize(r.Entries, shm.EVESize))
+	if err != nil {
+		files[1].Close()
+		return nil, fmt.Errorf("create EVD: %w", err)
+	}
+	ring, err := shm.NewRing(mem, r.Entries, shm.EVESize)
+	if err != nil {
+		_ = shm.Unmap(mem)
+		files[1].Close()
+		return nil, fmt.Errorf("create EVD: %w", err)
+	}
+	return &EVD{ia: ia, h: r.EVD, mem: mem, ring: ring, notify: files[1]}, nil
+}
+
+// Free frees the EVD; it fails while EPs or PSPs use it.
+func (e *EVD) Free() error {
+	if _, err := e.ia.call(ctl.OpFreeEVD, &ctl.Handle{H: e.h}, nil, nil); err != nil {
+		return fmt.Errorf("free EVD: %w", err)
+	}
+	_ = shm.Unmap(e.mem)
+	return e.notify.Close()
+}
+
+// EventType classifies events.
+type EventType uint8
+
+// Event types.
+const (
+	DTOCompletion     EventType = shm.EventDTO
+	ConnectionEvent   EventType = shm.EventConnection
+	ConnectionRequest EventType = shm.EventCR
+	Overflow          EventType = shm.EventOverflow
+)
+
+// ConnEvent is the DAT connection event number.
+type ConnEvent uint32
+
+// Connection events.
+const (
+	Established           ConnEvent = ConnEvent(ctl.EvEstablished)
+	PeerRejected          ConnEvent = ConnEvent(ctl.EvPeerRejected)
+	NonPeerRejected       ConnEvent = ConnEvent(ctl.EvNonPeerRejected)
+	Unreachable           ConnEvent = ConnEvent(ctl.EvUnreachable)
+	TimedOut              ConnEvent = ConnEvent(ctl.EvTimedOut)
+	Disconnected          ConnEvent = ConnEvent(ctl.EvDisconnected)
+	Broken                ConnEvent = ConnEvent(ctl.EvBroken)
+	AcceptCompletionError ConnEvent = ConnEvent(ctl.EvAcceptCompletionError)
+)
+
+func (c ConnEvent) String() string {
+	names := [...]string{"", "ESTABLISHED", "PEER_REJECTED", "NON_PEER_REJECTED", "UNREACHABLE", "TIMED_OUT",
+		"DISCONNECTED", "BROKEN", "ACCEPT_COMPLETION_ERROR"}
+	if int(c) < len(names) && c > 0 {
+		return names[c]
+	}
+	return fmt.Sprintf("event(%d)", uint32(c))
+}
+
+// Event is one event from an EVD.
+type Event struct {
+	Type EventType
+	// EP the event is about (DTO and connection events; for a CR, the
+	// provider-created or reserved EP, if any).
+	EP *EP
+	// DTO completions.
+	Cookie      uint64
+	Status      completion.Status
+	Opcode      completion.Opcode
+	Length      uint32
+	Solicited   bool
+	Invalidated uint32 // with HasInvalidated
+	HasInvalid  bool
+	Immediate   [8]byte
+	// Cause is the Terminate cause of a failed completion, if known.
+	Cause *ddp.TerminateError
+	// Connection events.
+	Conn ConnEvent
+	// Connection requests.
+	CR *CR
+}
+
+// Dequeue returns the next event, or false when none is waiting.
+func (e *EVD) Dequeue() (Event, bool, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.dequeue()
+}
+
+func (e *EVD) dequeue() (Event, bool, error) {
+	slot, err := e.ring.Peek()
+	if err != nil {
+		return Event{}, false, fmt.Errorf("EVD %d: %w", e.h, err)
+	}
+	if slot == nil {
+		return Event{}, false, nil
+	}
+	v := shm.DecodeEVE(slot)
+	e.ring.Release()
+	ev := Event{Type: EventType(v.Kind), Cookie: v.ID, Status: completion.Status(v.Status), Opcode: completion.Opcode(v.Opcode),
+		Length: v.ByteLen, Solicited: v.Flags&shm.EVESolicited != 0, Invalidated: v.Invalidated,
+		HasInvalid: v.Flags&shm.EVEInvalidated != 0, Immediate: v.Immediate, Conn: ConnEvent(v.Event)}
+	if v.Cause&(1<<24) != 0 {
+		ev.Cause = &ddp.TerminateError{Layer: ddp.Layer(v.Cause >> 16 & 0xff), Type: uint8(v.Cause >> 8), Code: uint8(v.Cause)}
+	}
+	if v.EP != 0 {
+		ev.EP = e.ia.epFor(v.EP)
+	}
+	if ev.Type == ConnectionRequest {
+		ev.CR = &CR{ia: e.ia, h: v.Handle, EP: ev.EP}
+	}
+	return ev, true, nil
+}
+
+// Wait returns the next event, sleeping until one arrives or ctx ends.
+func (e *EVD) Wait(ctx context.Context) (Event, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		if ev, ok, err := e.dequeue(); ok || err != nil {
+			return ev, err
+		}
+		// Arm, then look again: an event that raced in is not missed.
+		e.ring.SetFlags(shm.Armed)
+		if ev, ok, err := e.dequeue(); ok || err != nil {
+			return ev, err
+		}
+		if err := waitFile(ctx, e.notify); err != nil {
+			return Event{}, err
+		}
+	}
+}
+
+// waitFile blocks until the eventfd is signalled or ctx ends.
+func waitFile(ctx context.Context, f *os.File) error {
+	if d, ok := ctx.Deadline(); ok {
+		_ = f.SetReadDeadline(d)
+	} else {
+		_ = f.SetReadDeadline(time.Time{})
+	}
+	stop := context.AfterFunc(ctx, func() { _ = f.SetReadDeadline(time.Unix(1, 0)) })
+	defer stop()
+	err := shm.Wait(f)
+	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("wait: %w: %w", ErrTimeout, ctx.Err())
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil // a stale deadline from an earlier wait
+		}
+		return fmt.Errorf("wait: %w", err)
+	}
+	return nil
+}

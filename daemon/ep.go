@@ -1,0 +1,588 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
+// has a PZ, and the rings the client posts to.
+type ep struct {
+	h      uint32
+	attr   ctl.EPAttr
+	state  uint8
+	pz     *pz
+	recv   *evd
+	req    *evd
+	conn   *evd
+	qp     *rnic.QP
+	rings  *shm.Memfd
+	sq, rq *shm.Ring
+
+	local, remote string
+	peerPD        []byte
+	// flushing: a disconnect of an UNCONNECTED EP flushes its receives;
+	// the engine's terminal event that follows is not a connection's.
+	flushing bool
+	freeing  bool
+}
+
+type psp struct {
+	h        uint32
+	ln       *rnic.Listener
+	evd      *evd
+	provider bool
+	rsp      *ep // an RSP's one EP
+}
+
+type cr struct {
+	h   uint32
+	req *rnic.ConnRequest
+	psp *psp
+	ep  *ep // provider-created or the RSP's EP
+}
+
+// pendingEvent is something for the poller to apply under s.mu: an
+// engine connection event, the end of a connect attempt, or a request that
+// arrived at a PSP.
+type pendingEvent struct {
+	ep         *ep
+	ev         *rnic.ConnEvent
+	connectErr error
+	psp        *psp
+	req        *rnic.ConnRequest
+}
+
+func (s *session) queue(pe pendingEvent) {
+	s.evMu.Lock()
+	s.pending = append(s.pending, pe)
+	s.evMu.Unlock()
+	s.kick()
+}
+
+func (s *session) evdFor(h uint32, flag uint8, what string) (*evd, error) {
+	if h == 0 {
+		return nil, nil
+	}
+	e, err := get[*evd](s, h, what+" EVD")
+	if err != nil {
+		return nil, err
+	}
+	if e.flags&flag == 0 {
+		return nil, fail(ctl.InvalidParameter, "%s EVD %d lacks the flag for it", what, h)
+	}
+	return e, nil
+}
+
+// createEP makes an endpoint; s.mu not held.
+func (s *session) createEP(a *ctl.EPAttr, _ any) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := &ep{attr: *a, state: ctl.EPUnconnected}
+	f, err := s.configureEP(e, a)
+	if err != nil {
+		return nil, nil, err
+	}
+	h, err := s.add(e)
+	if err != nil {
+		s.unconfigureEP(e)
+		return nil, nil, err
+	}
+	e.h = h
+	if e.qp != nil {
+		s.byQPN[e.qp.QPN()] = e
+	}
+	return s.epReply(e), f, nil
+}
+
+func (s *session) epReply(e *ep) *ctl.EPReply {
+	r := &ctl.EPReply{EP: e.h, HasRings: e.sq != nil}
+	if e.sq != nil {
+		r.SQEntries, r.RQEntries = e.sq.Entries(), e.rq.Entries()
+	}
+	return r
+}
+
+// configureEP takes references on the PZ and EVDs of a and, with a PZ,
+// creates the QP and its rings; it returns the rings' memfd for the client.
+// s.mu held.
+func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
+	if a.SQDepth > maxQueue || a.RQDepth > maxQueue || a.IRD > 64 || a.ORD > 64 || a.MPARev > 2 {
+		return nil, fail(ctl.InvalidParameter, "EP depths %d/%d, IRD/ORD %d/%d, MPA revision %d", a.SQDepth, a.RQDepth, a.IRD, a.ORD, a.MPARev)
+	}
+	var err error
+	var p *pz
+	if a.PZ != 0 {
+		if p, err = get[*pz](s, a.PZ, "PZ"); err != nil {
+			return nil, err
+		}
+	}
+	recv, err := s.evdFor(a.RecvEVD, ctl.EVDDTO, "receive")
+	if err != nil {
+		return nil, err
+	}
+	req, err := s.evdFor(a.RequestEVD, ctl.EVDDTO, "request")
+	if err != nil {
+		return nil, err
+	}
+	conn, err := s.evdFor(a.ConnectEVD, ctl.EVDConnection, "connect")
+	if err != nil {
+		return nil, err
+	}
+	var files []*os.File
+	if p != nil {
+		// digest 003: a PZ is required for a QP, and a QP needs its CQs.
+		if recv == nil || req == nil {
+			return nil, fail(ctl.InvalidParameter, "an EP with a PZ needs receive and request EVDs")
+		}
+		sqn, rqn := roundPow2(max(a.SQDepth, 1)), roundPow2(max(a.RQDepth, 1))
+		sqSize := shm.RingSize(sqn, shm.SQESize)
+		mem, err := shm.NewMemfd("softrnic-ep", sqSize+shm.RingSize(rqn, shm.RQESize))
+		if err != nil {
+			return nil, fail(ctl.InsufficientResources, "%v", err)
+		}
+		q, err := s.srv.dev.CreateQP(p.pd, rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
+			SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
+			OnEvent: func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) }})
+		if err != nil {
+			mem.Close()
+			return nil, fail(ctl.InvalidParameter, "%v", err)
+		}
+		e.qp, e.rings = q, mem
+		e.sq, _ = shm.NewRing(mem.Mem[:sqSize], sqn, shm.SQESize)
+		e.rq, _ = shm.NewRing(mem.Mem[sqSize:], rqn, shm.RQESize)
+		fd, err := dupFile(mem.File)
+		if err != nil {
+			s.unconfigureEP(e)
+			return nil, fail(ctl.InsufficientResources, "%v", err)
+		}
+		files = append(files, fd)
+	}
+	e.pz, e.recv, e.req, e.conn = p, recv, req, conn
+	for _, o := range []*evd{recv, req, conn} {
+		if o != nil {
+			o.refs++
+		}
+	}
+	if p != nil {
+		p.refs++
+	}
+	e.attr = *a
+	return files, nil
+}
+
+// unconfigureEP drops the QP, rings and references; s.mu held.
+func (s *session) unconfigureEP(e *ep) {
+	if e.qp != nil {
+		delete(s.byQPN, e.qp.QPN())
+		e.qp.Destroy()
+		e.qp = nil
+	}
+	if e.rings != nil {
+		e.rings.Close()
+		e.rings, e.sq, e.rq = nil, nil, nil
+	}
+	for _, o := range []*evd{e.recv, e.req, e.conn} {
+		if o != nil {
+			o.refs--
+		}
+	}
+	if e.pz != nil {
+		e.pz.refs--
+	}
+	e.pz, e.recv, e.req, e.conn = nil, nil, nil, nil
+}
+
+// modifyEP: digest 003 §3. Immutable fields never change; the PZ only in
+// UNCONNECTED or TENTATIVE_CONNECTION_PENDING; EVDs and depths also in
+// RESERVED. A change rebuilds the QP, and the new rings go to the client.
+func (s *session) modifyEP(req *ctl.ModifyEP) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*ep](s, req.EP, "EP")
+	if err != nil {
+		return nil, nil, err
+	}
+	if req.Mask&ctl.ModifyImmutable != 0 || req.Mask&^(ctl.ModifyImmutable<<1-1) != 0 {
+		return nil, nil, fail(ctl.InvalidParameter, "mask %#x names a field that cannot change", req.Mask)
+	}
+	switch {
+	case req.Mask&ctl.ModifyPZ != 0 && e.state != ctl.EPUnconnected && e.state != ctl.EPTentativePending:
+		return nil, nil, fail(ctl.InvalidState, "PZ of an EP in %s", ctl.EPStateName(e.state))
+	case e.state != ctl.EPUnconnected && e.state != ctl.EPTentativePending && e.state != ctl.EPReserved:
+		return nil, nil, fail(ctl.InvalidState, "attributes of an EP in %s", ctl.EPStateName(e.state))
+	}
+	a := e.attr
+	if req.Mask&ctl.ModifyPZ != 0 {
+		a.PZ = req.Attr.PZ
+	}
+	if req.Mask&ctl.ModifyEVDs != 0 {
+		a.RecvEVD, a.RequestEVD, a.ConnectEVD = req.Attr.RecvEVD, req.Attr.RequestEVD, req.Attr.ConnectEVD
+	}
+	if req.Mask&ctl.ModifyDepths != 0 {
+		a.SQDepth, a.RQDepth = req.Attr.SQDepth, req.Attr.RQDepth
+	}
+	if req.Mask&ctl.ModifyIRDORD != 0 {
+		a.IRD, a.ORD = req.Attr.IRD, req.Attr.ORD
+	}
+	old := *e
+	s.unconfigureEP(e)
+	files, err := s.configureEP(e, &a)
+	if err != nil {
+		// Put the old configuration back.
+		if _, rerr := s.configureEP(e, &old.attr); rerr != nil {
+			s.srv.log.Error("EP lost its configuration", "ep", e.h, "err", rerr)
+		}
+		return nil, nil, err
+	}
+	if e.qp != nil {
+		s.byQPN[e.qp.QPN()] = e
+	}
+	return s.epReply(e), files, nil
+}
+
+func (s *session) connect(req *ctl.Connect) error {
+	s.mu.Lock()
+	e, err := get[*ep](s, req.EP, "EP")
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	switch {
+	case e.state != ctl.EPUnconnected:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(e.state))
+	case e.qp == nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h)
+	case e.conn == nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "EP %d has no connect EVD", e.h)
+	case req.TimeoutUS == 0:
+		s.mu.Unlock()
+		return fail(ctl.InvalidParameter, "timeout 0")
+	case len(req.PrivateData) > int(s.srv.iaAttr().MaxPrivate):
+		s.mu.Unlock()
+		return fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData))
+	}
+	ap, err := netip.ParseAddrPort(req.Addr)
+	if err != nil || !ap.Addr().Is4() {
+		s.mu.Unlock()
+		return fail(ctl.InvalidParameter, "address %q: want IPv4 host:port", req.Addr)
+	}
+	e.state = ctl.EPActivePending
+	e.remote = ap.String()
+	q := e.qp
+	s.mu.Unlock()
+	timeout := time.Duration(req.TimeoutUS) * time.Microsecond
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}}
+	pdata := append([]byte(nil), req.PrivateData...)
+	go func() {
+		_, err := q.Connect(context.Background(), ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer})
+		if err != nil {
+			s.queue(pendingEvent{ep: e, connectErr: err})
+		}
+	}()
+	return nil
+}
+
+func (s *session) disconnect(req *ctl.Disconnect) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*ep](s, req.EP, "EP")
+	if err != nil {
+		return err
+	}
+	switch e.state {
+	case ctl.EPConnected:
+		e.state = ctl.EPDisconnectPending
+		e.qp.Disconnect(req.Graceful)
+	case ctl.EPDisconnectPending:
+		if req.Graceful {
+			return fail(ctl.InvalidParameter, "graceful disconnect of an EP already disconnecting")
+		}
+		e.qp.Disconnect(false)
+	case ctl.EPDisconnected:
+		// digest 003: a no-op.
+	case ctl.EPUnconnected:
+		// digest 003 §2: the way to flush pre-posted receives.
+		if e.qp != nil {
+			e.flushing = true
+			e.qp.Disconnect(false)
+			if err := e.qp.Reset(); err != nil {
+				return fail(ctl.InternalError, "%v", err)
+			}
+		}
+	default:
+		// digest 003, "Notes on Disconnecting": a connection in progress
+		// cannot be disconnected.
+		return fail(ctl.InvalidState, "disconnect an EP in %s", ctl.EPStateName(e.state))
+	}
+	return nil
+}
+
+func (s *session) resetEP(h uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*ep](s, h, "EP")
+	if err != nil {
+		return err
+	}
+	switch e.state {
+	case ctl.EPUnconnected:
+		return nil
+	case ctl.EPDisconnected:
+		if e.qp != nil {
+			if err := e.qp.Reset(); err != nil {
+				return fail(ctl.InternalError, "%v", err)
+			}
+		}
+		e.state, e.remote, e.peerPD = ctl.EPUnconnected, "", nil
+		return nil
+	}
+	return fail(ctl.InvalidState, "reset an EP in %s", ctl.EPStateName(e.state))
+}
+
+func (s *session) freeEP(h uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*ep](s, h, "EP")
+	if err != nil {
+		return err
+	}
+	switch e.state {
+	case ctl.EPReserved, ctl.EPPassivePending, ctl.EPTentativePending:
+		return fail(ctl.InvalidState, "free an EP in %s", ctl.EPStateName(e.state))
+	case ctl.EPUnconnected, ctl.EPDisconnected:
+		s.dropEP(e)
+	default:
+		// Abort; the terminal event finishes the free.
+		e.freeing = true
+		if e.qp != nil {
+			e.qp.Disconnect(false)
+		}
+	}
+	return nil
+}
+
+// dropEP removes an EP; s.mu held.
+func (s *session) dropEP(e *ep) {
+	s.unconfigureEP(e)
+	delete(s.objects, e.h)
+}
+
+func (s *session) queryEP(h uint32) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*ep](s, h, "EP")
+	if err != nil {
+		return nil, nil, err
+	}
+	info := &ctl.EPInfo{State: e.state, Attr: e.attr, LocalAddr: e.local, RemoteAddr: e.remote, PrivateData: e.peerPD, HasQP: e.qp != nil}
+	return info, nil, nil
+}
+
+func (s *session) listen(port uint16) (*rnic.Listener, error) {
+	if port == 0 {
+		return nil, fail(ctl.InvalidParameter, "port 0")
+	}
+	ln, err := s.srv.dev.Listen(net.JoinHostPort(s.srv.addr.String(), strconv.Itoa(int(port))), rnic.ListenOptions{})
+	if err != nil {
+		return nil, fail(ctl.InvalidState, "listen on port %d: %v", port, err)
+	}
+	return ln, nil
+}
+
+// acceptLoop queues the requests a PSP receives for the poller.
+func (s *session) acceptLoop(p *psp) {
+	defer s.loops.Done()
+	for {
+		req, err := p.ln.Accept(context.Background())
+		if err != nil {
+			return
+		}
+		s.queue(pendingEvent{psp: p, req: req})
+		if p.rsp != nil {
+			p.ln.Close() // an RSP takes one request
+			return
+		}
+	}
+}
+
+func (s *session) createPSP(req *ctl.CreatePSP) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.evdFor(req.EVD, ctl.EVDCR, "connection request")
+	if err != nil {
+		return nil, nil, err
+	}
+	if e == nil {
+		return nil, nil, fail(ctl.InvalidParameter, "a PSP needs a connection request EVD")
+	}
+	ln, err := s.listen(req.Port)
+	if err != nil {
+		return nil, nil, err
+	}
+	p := &psp{ln: ln, evd: e, provider: req.ProviderEP}
+	h, err := s.add(p)
+	if err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	p.h = h
+	e.refs++
+	// Listening is the last step: requests may arrive at once.
+	s.loops.Add(1)
+	go s.acceptLoop(p)
+	return &ctl.Handle{H: h}, nil, nil
+}
+
+func (s *session) createRSP(req *ctl.CreateRSP) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := s.evdFor(req.EVD, ctl.EVDCR, "connection request")
+	if err != nil {
+		return nil, nil, err
+	}
+	if e == nil {
+		return nil, nil, fail(ctl.InvalidParameter, "an RSP needs a connection request EVD")
+	}
+	target, err := get[*ep](s, req.EP, "EP")
+	if err != nil {
+		return nil, nil, err
+	}
+	if target.state != ctl.EPUnconnected {
+		return nil, nil, fail(ctl.InvalidState, "RSP on an EP in %s", ctl.EPStateName(target.state))
+	}
+	ln, err := s.listen(req.Port)
+	if err != nil {
+		return nil, nil, err
+	}
+	p := &psp{ln: ln, evd: e, rsp: target}
+	h, err := s.add(p)
+	if err != nil {
+		ln.Close()
+		return nil, nil, err
+	}
+	p.h = h
+	e.refs++
+	target.state = ctl.EPReserved
+	s.loops.Add(1)
+	go s.acceptLoop(p)
+	return &ctl.Handle{H: h}, nil, nil
+}
+
+// freePSP stops listening: later requests find nobody (digest 003 §1);
+// requests already received are unaffected.
+func (s *session) freePSP(h uint32) error {
+	s.mu.Lock()
+	p, err := get[*psp](s, h, "PSP")
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.objects, h)
+	p.evd.refs--
+	if p.rsp != nil && p.rsp.state == ctl.EPReserved {
+		p.rsp.state = ctl.EPUnconnected
+	}
+	s.mu.Unlock()
+	return p.ln.Close()
+}
+
+func (s *session) acceptCR(req *ctl.AcceptCR) error {
+	s.mu.Lock()
+	c, err := get[*cr](s, req.CR, "CR")
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	target := c.ep
+	if req.EP != 0 {
+		if target, err = get[*ep](s, req.EP, "EP"); err != nil {
+			s.mu.Unlock()
+			return err
+		}
+	}
+	switch {
+	case target == nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidParameter, "accept needs an EP")
+	case target != c.ep && target.state != ctl.EPUnconnected,
+		target == c.ep && target.state != ctl.EPTentativePending && target.state != ctl.EPPassivePending:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "accept on an EP in %s", ctl.EPStateName(target.state))
+	case target.qp == nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP: set one with ModifyEP", target.h)
+	case target.conn == nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "EP %d has no connect EVD", target.h)
+	case len(req.PrivateData) > int(s.srv.iaAttr().MaxPrivate):
+		s.mu.Unlock()
+		return fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData))
+	}
+	entry := target.state
+	target.state = ctl.EPCompletionPending
+	target.remote = c.req.RemoteAddr.String()
+	target.local = c.req.LocalAddr.String()
+	target.peerPD = c.req.PrivateData
+	delete(s.objects, c.h)
+	q := target.qp
+	s.mu.Unlock()
+	if err := c.req.Accept(q, req.PrivateData); err != nil {
+		s.mu.Lock()
+		target.state = entry // roll back to the entry state
+		s.mu.Unlock()
+		if errors.Is(err, rnic.ErrAnswered) {
+			return fail(ctl.InvalidState, "the connection request timed out or was answered")
+		}
+		return fail(ctl.InvalidState, "accept: %v", err)
+	}
+	return nil
+}
+
+func (s *session) rejectCR(req *ctl.RejectCR) error {
+	s.mu.Lock()
+	c, err := get[*cr](s, req.CR, "CR")
+	if err != nil {
+		s.mu.Unlock()
+		return err
+	}
+	delete(s.objects, c.h)
+	if c.ep != nil {
+		if c.psp.rsp != nil {
+			c.ep.state = ctl.EPUnconnected
+		} else {
+			s.dropEP(c.ep) // the provider's EP goes with its request
+		}
+	}
+	s.mu.Unlock()
+	if err := c.req.Reject(req.PrivateData); err != nil && !errors.Is(err, rnic.ErrAnswered) {
+		return fail(ctl.InternalError, "reject: %v", err)
+	}
+	return nil
+}
+
+// connectEvent maps a failed connect to its DAT event.
+func connectEvent(err error) uint32 {
+	var rej *rnic.RejectedError
+	switch {
+	case errors.As(err, &rej):
+		return ctl.EvPeerRejected
+	case errors.Is(err, rnic.ErrUnreachable):
+		return ctl.EvUnreachable
+	case errors.Is(err, rnic.ErrTimedOut):
+		return ctl.EvTimedOut
+	}
+	return ctl.EvNonPeerRejected
+}

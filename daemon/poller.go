@@ -1,0 +1,382 @@
+package daemon
+
+import (
+	"errors"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// batch bounds the work taken from one ring per step, so one busy EP does
+// not starve the others.
+const batch = 64
+
+// poll is the session's data path. It steps while there is work; when there
+// is none it raises the need-wakeup flags and arms the CQs, steps once more
+// (work that raced in is not missed), and sleeps until woken.
+func (s *session) poll() {
+	defer s.loops.Done()
+	for {
+		if s.step() {
+			continue
+		}
+		s.setSleeping(true)
+		if s.step() {
+			s.setSleeping(false)
+			continue
+		}
+		select {
+		case <-s.wake:
+		case <-s.done:
+			return
+		}
+		s.setSleeping(false)
+	}
+}
+
+func (s *session) doorbellLoop() {
+	defer s.loops.Done()
+	for {
+		if err := shm.Wait(s.doorbell); err != nil {
+			return
+		}
+		s.kick()
+	}
+}
+
+func (s *session) setSleeping(sleeping bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var flag uint32
+	if sleeping {
+		flag = shm.NeedWakeup
+	}
+	for _, o := range s.objects {
+		switch o := o.(type) {
+		case *ep:
+			if o.sq != nil {
+				o.sq.SetFlags(flag)
+				o.rq.SetFlags(flag)
+			}
+		case *evd:
+			if sleeping && o.cq != nil {
+				o.cq.Arm(false)
+			}
+		}
+	}
+}
+
+// step does one round of work and reports whether there was any.
+func (s *session) step() bool {
+	s.evMu.Lock()
+	events := s.pending
+	s.pending = nil
+	s.evMu.Unlock()
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closing {
+		return false
+	}
+	progress := len(events) > 0
+	for i := range events {
+		s.apply(&events[i])
+	}
+	for _, o := range s.objects {
+		switch o := o.(type) {
+		case *ep:
+			if o.sq != nil && o.qp != nil {
+				progress = s.drainSQ(o) || progress
+				progress = s.drainRQ(o) || progress
+			}
+		case *evd:
+			progress = s.forward(o) || progress
+		}
+	}
+	for _, o := range s.objects {
+		if e, ok := o.(*evd); ok && e.produced {
+			e.produced = false
+			if e.ring.SwapFlags(0) == shm.Armed {
+				_ = shm.Signal(e.notify)
+			}
+		}
+	}
+	return progress
+}
+
+// violation ends a session whose client corrupted shared state.
+func (s *session) violation(what string, err error) {
+	s.srv.log.Warn("client corrupted shared memory, closing session", "session", s.id, "what", what, "err", err)
+	s.conn.Close()
+	s.closing = true
+}
+
+var sendOps = map[uint8]qp.SendOp{0: qp.OpSend, 1: qp.OpSendInvalidate, 2: qp.OpWrite, 3: qp.OpRead, 4: qp.OpFetchAdd,
+	5: qp.OpCmpSwap, 6: qp.OpLocalInvalidate, 7: qp.OpImmediate}
+
+// toSendWR validates a copied ring entry.
+func toSendWR(e *shm.SQE) (qp.SendWR, error) {
+	op, ok := sendOps[e.Op]
+	if !ok || e.NSGE > shm.RingSGE || e.Flags&^uint8(qp.Signaled|qp.Solicited|qp.Fence) != 0 {
+		return qp.SendWR{}, qp.ErrInvalidWR
+	}
+	wr := qp.SendWR{ID: e.ID, Op: op, Flags: qp.Flags(e.Flags), RemoteSTag: e.RemoteSTag, RemoteTO: e.RemoteTO,
+		InvalidateSTag: e.InvalidateSTag, Compare: e.Compare, Swap: e.Swap, Add: e.Compare, Immediate: e.Immediate}
+	wr.SGL = make([]qp.SGE, e.NSGE)
+	for i := range wr.SGL {
+		wr.SGL[i] = qp.SGE{LKey: e.SGL[i].LKey, Addr: e.SGL[i].Addr, Length: e.SGL[i].Length}
+	}
+	return wr, nil
+}
+
+func (s *session) drainSQ(e *ep) bool {
+	progress := false
+	for n := 0; n < batch; n++ {
+		slot, err := e.sq.Peek()
+		if err != nil {
+			s.violation("send ring", err)
+			return false
+		}
+		if slot == nil {
+			break
+		}
+		sqe := shm.DecodeSQE(slot)
+		wr, err := toSendWR(&sqe)
+		if err == nil {
+			err = e.qp.PostSend(&wr)
+			if errors.Is(err, qp.ErrQueueFull) {
+				break // back-pressure: the entry stays until completions free room
+			}
+		}
+		if err != nil {
+			s.emit(e.req, shm.EVE{Kind: shm.EventDTO, Status: uint8(postStatus(err)), Opcode: uint8(completion.OpSend), EP: e.h, ID: sqe.ID})
+		}
+		e.sq.Release()
+		progress = true
+	}
+	return progress
+}
+
+func (s *session) drainRQ(e *ep) bool {
+	progress := false
+	for n := 0; n < batch; n++ {
+		slot, err := e.rq.Peek()
+		if err != nil {
+			s.violation("receive ring", err)
+			return false
+		}
+		if slot == nil {
+			break
+		}
+		rqe := shm.DecodeRQE(slot)
+		var err2 error
+		if rqe.NSGE > shm.RQSGE {
+			err2 = qp.ErrInvalidWR
+		} else {
+			wr := qp.RecvWR{ID: rqe.ID, SGL: make([]qp.SGE, rqe.NSGE)}
+			for i := range wr.SGL {
+				wr.SGL[i] = qp.SGE{LKey: rqe.SGL[i].LKey, Addr: rqe.SGL[i].Addr, Length: rqe.SGL[i].Length}
+			}
+			err2 = e.qp.PostRecv(&wr)
+			if errors.Is(err2, qp.ErrQueueFull) {
+				break
+			}
+		}
+		if err2 != nil {
+			s.emit(e.recv, shm.EVE{Kind: shm.EventDTO, Status: uint8(postStatus(err2)), Opcode: uint8(completion.OpRecv), EP: e.h, ID: rqe.ID})
+		}
+		e.rq.Release()
+		progress = true
+	}
+	return progress
+}
+
+func postStatus(err error) completion.Status {
+	switch {
+	case errors.Is(err, qp.ErrProtection):
+		return completion.LocalProtectionError
+	case errors.Is(err, qp.ErrState):
+		return completion.FlushError
+	}
+	return completion.LocalQPOperationError
+}
+
+// forward moves completions from an EVD's CQ into its ring, as many as the
+// ring takes; the rest wait in the CQ.
+func (s *session) forward(e *evd) bool {
+	progress := s.flushBacklog(e)
+	if e.cq == nil || len(e.backlog) > 0 {
+		return progress
+	}
+	var c [1]completion.Completion
+	for n := 0; n < batch; n++ {
+		slot, err := e.ring.Reserve()
+		if err != nil {
+			s.violation("event ring", err)
+			return false
+		}
+		if slot == nil || e.cq.Poll(c[:]) == 0 {
+			break
+		}
+		eve := shm.EVE{Kind: shm.EventDTO, Status: uint8(c[0].Status), Opcode: uint8(c[0].Opcode), ID: c[0].ID,
+			ByteLen: c[0].ByteLen, Invalidated: c[0].Invalidated, Immediate: c[0].Immediate}
+		if owner := s.byQPN[c[0].QPN]; owner != nil {
+			eve.EP = owner.h
+		}
+		if c[0].Solicited {
+			eve.Flags |= shm.EVESolicited
+		}
+		if c[0].HasInvalidated {
+			eve.Flags |= shm.EVEInvalidated
+		}
+		var te ddp.TerminateError
+		if errors.As(c[0].Err, &te) {
+			eve.Cause = uint32(te.Layer)<<16 | uint32(te.Type)<<8 | uint32(te.Code) | 1<<24
+		}
+		eve.Encode(slot)
+		e.ring.Commit()
+		e.produced = true
+		progress = true
+	}
+	return progress
+}
+
+// flushBacklog sends events that found the ring full; they go first.
+func (s *session) flushBacklog(e *evd) bool {
+	q := e.backlog
+	progress := false
+	for len(q) > 0 {
+		slot, err := e.ring.Reserve()
+		if err != nil || slot == nil {
+			break
+		}
+		q[0].Encode(slot)
+		e.ring.Commit()
+		e.produced = true
+		q = q[1:]
+		progress = true
+	}
+	e.backlog = q
+	return progress
+}
+
+// emit puts an event into an EVD's ring, or its backlog when full; s.mu
+// held. A nil EVD drops it (DAT lets an EP have no EVD of a kind).
+func (s *session) emit(e *evd, eve shm.EVE) {
+	if e == nil {
+		return
+	}
+	if len(e.backlog) == 0 {
+		if slot, err := e.ring.Reserve(); err == nil && slot != nil {
+			eve.Encode(slot)
+			e.ring.Commit()
+			e.produced = true
+			return
+		}
+	}
+	e.backlog = append(e.backlog, eve)
+}
+
+// apply carries out a pending event; s.mu held.
+func (s *session) apply(pe *pendingEvent) {
+	switch {
+	case pe.req != nil:
+		s.applyRequest(pe.psp, pe.req)
+	case pe.connectErr != nil:
+		e := pe.ep
+		if s.objects[e.h] != e {
+			return
+		}
+		e.state = ctl.EPDisconnected
+		var rej *rnic.RejectedError
+		if errors.As(pe.connectErr, &rej) {
+			e.peerPD = rej.PrivateData
+		}
+		// digest 003 §7.6: one terminal event, receives flushed.
+		e.flushing = true
+		e.qp.Disconnect(false)
+		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: connectEvent(pe.connectErr)})
+		if e.freeing {
+			s.dropEP(e)
+		}
+	case pe.ev != nil:
+		s.applyConnEvent(pe.ep, pe.ev)
+	}
+}
+
+func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
+	if s.objects[e.h] != e {
+		return
+	}
+	switch ev.Kind {
+	case rnic.Established:
+		if e.state == ctl.EPActivePending {
+			e.peerPD = ev.PrivateData
+		}
+		if e.state == ctl.EPActivePending || e.state == ctl.EPCompletionPending {
+			e.state = ctl.EPConnected
+			s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ctl.EvEstablished})
+		}
+	case rnic.Disconnected, rnic.Broken:
+		if e.flushing {
+			e.flushing = false
+			return
+		}
+		if e.state == ctl.EPDisconnected || e.state == ctl.EPUnconnected {
+			return
+		}
+		e.state = ctl.EPDisconnected
+		ev2 := ctl.EvDisconnected
+		if ev.Kind == rnic.Broken {
+			ev2 = ctl.EvBroken
+		}
+		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2})
+		if e.freeing {
+			s.dropEP(e)
+		}
+	}
+}
+
+// applyRequest turns a request at a PSP into a CR for the client.
+func (s *session) applyRequest(p *psp, req *rnic.ConnRequest) {
+	if s.objects[p.h] != p {
+		_ = req.Reject(nil) // the PSP was freed meanwhile
+		return
+	}
+	c := &cr{req: req, psp: p}
+	switch {
+	case p.rsp != nil:
+		if p.rsp.state != ctl.EPReserved {
+			_ = req.Reject(nil)
+			return
+		}
+		c.ep = p.rsp
+		c.ep.state = ctl.EPPassivePending
+	case p.provider:
+		// DAT_PSP_PROVIDER_FLAG: an EP with no PZ and no QP, in
+		// TENTATIVE_CONNECTION_PENDING (digest 003 §2).
+		e := &ep{state: ctl.EPTentativePending}
+		h, err := s.add(e)
+		if err != nil {
+			_ = req.Reject(nil)
+			return
+		}
+		e.h = h
+		c.ep = e
+	}
+	h, err := s.add(c)
+	if err != nil {
+		_ = req.Reject(nil)
+		return
+	}
+	c.h = h
+	eve := shm.EVE{Kind: shm.EventCR, Handle: h}
+	if c.ep != nil {
+		eve.EP = c.ep.h
+	}
+	s.emit(p.evd, eve)
+}

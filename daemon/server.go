@@ -1,0 +1,257 @@
+// Package daemon is softrnicd: it owns the RNIC device of one interface
+// and serves DAT-style verbs to applications over a Unix SOCK_SEQPACKET
+// socket (package ctl), with work requests and events in shared-memory
+// rings (package internal/shm).
+//
+// Goroutines: the Server's accept loop; per session, a control loop that
+// reads requests and answers them in order, a poller that moves work
+// requests from the session's rings into the engine and completions and
+// events back (it sleeps on a channel when idle, after raising the rings'
+// need-wakeup flags), and a doorbell reader that turns the client's eventfd
+// writes into wake-ups. Connection setup runs in short-lived goroutines whose
+// results, like the engine's connection events, are queued for the poller,
+// the only writer of event rings. Lock order: session.mu before any QP's.
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/rnic"
+)
+
+// Options configure a daemon.
+type Options struct {
+	// Iface is the network interface the RNIC serves.
+	Iface string
+	// Datapath: "kernel" (MPA over kernel TCP) or "xdp".
+	Datapath string
+	// Socket is the control socket's path; default /run/softrnic/IFACE.sock.
+	Socket string
+	// Pollers is the number of completion vectors offered.
+	Pollers int
+	Logger  *slog.Logger
+}
+
+// Errors at start.
+var (
+	ErrNoInterface = errors.New("daemon: no such interface")
+	ErrNoAddress   = errors.New("daemon: interface has no usable IPv4 address")
+	ErrSocketInUse = errors.New("daemon: control socket in use by a live daemon")
+	ErrDatapath    = errors.New("daemon: datapath not available")
+)
+
+// Server is a running daemon.
+type Server struct {
+	opts Options
+	log  *slog.Logger
+	addr netip.Addr
+	dev  *rnic.Device
+	ln   *net.UnixListener
+
+	mu       sync.Mutex
+	sessions map[*session]struct{}
+	nextSess uint32
+	closed   bool
+	loops    sync.WaitGroup
+}
+
+// DefaultSocket is where a daemon for iface listens by default.
+func DefaultSocket(iface string) string { return filepath.Join("/run/softrnic", iface+".sock") }
+
+// New checks the options, opens the device and listens on the control
+// socket (mode 0660; a stale socket file is replaced).
+func New(opts Options) (*Server, error) {
+	if opts.Datapath == "" {
+		opts.Datapath = "kernel"
+	}
+	switch opts.Datapath {
+	case "kernel":
+	case "xdp":
+		return nil, fmt.Errorf("%w: --datapath xdp is not yet available; use kernel", ErrDatapath)
+	default:
+		return nil, fmt.Errorf("%w: unknown datapath %q (kernel or xdp)", ErrDatapath, opts.Datapath)
+	}
+	if opts.Pollers <= 0 {
+		opts.Pollers = 1
+	}
+	if opts.Socket == "" {
+		opts.Socket = DefaultSocket(opts.Iface)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	addr, err := interfaceAddr(opts.Iface)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := listenControl(opts.Socket)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: rnic.Open(), ln: ln, sessions: map[*session]struct{}{}}
+	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "socket", opts.Socket)
+	return s, nil
+}
+
+// Addr is the IP address the RNIC uses.
+func (s *Server) Addr() netip.Addr { return s.addr }
+
+func interfaceAddr(name string) (netip.Addr, error) {
+	ifi, err := net.InterfaceByName(name)
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%w: %q: %v", ErrNoInterface, name, err)
+	}
+	if ifi.Flags&net.FlagUp == 0 {
+		return netip.Addr{}, fmt.Errorf("%w: %q is down", ErrNoAddress, name)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("%w: %q: %v", ErrNoAddress, name, err)
+	}
+	for _, a := range addrs {
+		if p, err := netip.ParsePrefix(a.String()); err == nil && p.Addr().Is4() {
+			return p.Addr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("%w: %q", ErrNoAddress, name)
+}
+
+// listenControl creates the control socket. A socket file nobody answers on
+// is stale and replaced; one a daemon answers on is refused.
+func listenControl(path string) (*net.UnixListener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("daemon: socket directory: %w", err)
+	}
+	if _, err := os.Stat(path); err == nil {
+		c, err := net.DialTimeout("unixpacket", path, time.Second)
+		if err == nil {
+			c.Close()
+			return nil, fmt.Errorf("%w: %s", ErrSocketInUse, path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("daemon: remove stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
+			return nil, fmt.Errorf("daemon: insufficient privileges for %s: %w", path, err)
+		}
+		return nil, fmt.Errorf("daemon: listen on %s: %w", path, err)
+	}
+	ln.SetUnlinkOnClose(true)
+	if err := os.Chmod(path, 0o660); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("daemon: chmod %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Serve accepts sessions until Close.
+func (s *Server) Serve() error {
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			s.log.Warn("accept", "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		cred, err := peerCred(c)
+		if err != nil {
+			s.log.Warn("session without credentials", "err", err)
+			c.Close()
+			continue
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.nextSess++
+		sess, err := newSession(s, c, s.nextSess, cred)
+		if err != nil {
+			s.mu.Unlock()
+			s.log.Warn("session", "err", err)
+			c.Close()
+			continue
+		}
+		s.sessions[sess] = struct{}{}
+		s.loops.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.loops.Done()
+			sess.run()
+			s.mu.Lock()
+			delete(s.sessions, sess)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := rc.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	return cred, cerr
+}
+
+// Close stops accepting, ends every session (their connections are closed,
+// their objects freed) and removes the socket.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	sessions := make([]*session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		sessions = append(sessions, sess)
+	}
+	s.mu.Unlock()
+	err := s.ln.Close()
+	for _, sess := range sessions {
+		sess.conn.Close()
+	}
+	s.loops.Wait()
+	s.dev.Close()
+	s.log.Info("softrnicd stopped")
+	return err
+}
+
+// Counts are the live objects over all sessions, for tests and operators.
+func (s *Server) Counts() map[string]int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]int{"sessions": len(s.sessions)}
+	for sess := range s.sessions {
+		for k, v := range sess.counts() {
+			out[k] += v
+		}
+	}
+	return out
+}
