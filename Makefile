@@ -1,5 +1,6 @@
 # softrnic — software iWARP RNIC.
 #
+#   make demo      two hosts (namespaces), two daemons, RDMA traffic, results
 #   make test      install what the tests need, then go test -race over the tree
 #   make build     build every package and command
 #   make lint      gofmt, go vet, staticcheck
@@ -17,12 +18,15 @@ GO ?= go
 FUZZTIME ?= 20s
 PKGS := ./...
 
-.PHONY: all build test deps lint generate fuzz corpus bench clean
+.PHONY: all build demo test deps lint generate fuzz corpus bench clean
 
 all: build
 
 build:
 	$(GO) build $(PKGS)
+
+demo:
+	bash hack/demo.sh
 
 deps:
 	bash hack/deps.sh test

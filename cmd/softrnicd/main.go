@@ -1,0 +1,52 @@
+// Command softrnicd is the softrnic daemon: it owns the software RNIC of one
+// network interface and serves applications on a Unix socket.
+//
+//	softrnicd --iface IFACE [--datapath kernel|xdp] [--socket PATH] [--pollers N] [--log-level L]
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	"github.com/softrnic/softrnic/daemon"
+)
+
+func main() {
+	iface := flag.String("iface", "", "network interface to serve (required)")
+	datapath := flag.String("datapath", "kernel", "datapath: kernel (MPA over kernel TCP) or xdp")
+	socket := flag.String("socket", "", "control socket path (default /run/softrnic/IFACE.sock)")
+	pollers := flag.Int("pollers", runtime.NumCPU(), "completion vectors (pollers)")
+	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	flag.Parse()
+	if *iface == "" || flag.NArg() != 0 {
+		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--socket PATH] [--pollers N] [--log-level L]")
+		os.Exit(2)
+	}
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(*level)); err != nil {
+		fmt.Fprintf(os.Stderr, "softrnicd: --log-level %q: %v\n", *level, err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, Logger: log})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
+		os.Exit(1)
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		s := <-sigs
+		log.Info("stopping", "signal", s.String())
+		srv.Close()
+	}()
+	if err := srv.Serve(); err != nil {
+		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
+		os.Exit(1)
+	}
+}
