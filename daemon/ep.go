@@ -257,10 +257,10 @@ func (s *session) connect(req *ctl.Connect) error {
 		s.mu.Unlock()
 		return err
 	}
-	switch {
-	case e.state != ctl.EPUnconnected:
+	switch st := e.state; {
+	case st != ctl.EPUnconnected:
 		s.mu.Unlock()
-		return fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(e.state))
+		return fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(st))
 	case e.qp == nil:
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h)
@@ -302,6 +302,10 @@ func (s *session) disconnect(req *ctl.Disconnect) error {
 	if err != nil {
 		return err
 	}
+	// Requests the client put in the rings before asking to disconnect
+	// come first: a graceful disconnect lets them finish, an UNCONNECTED
+	// one flushes them.
+	s.drainRings(e)
 	switch e.state {
 	case ctl.EPConnected:
 		e.state = ctl.EPDisconnectPending
@@ -519,8 +523,9 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 		return fail(ctl.InvalidParameter, "accept needs an EP")
 	case target != c.ep && target.state != ctl.EPUnconnected,
 		target == c.ep && target.state != ctl.EPTentativePending && target.state != ctl.EPPassivePending:
+		st := target.state
 		s.mu.Unlock()
-		return fail(ctl.InvalidState, "accept on an EP in %s", ctl.EPStateName(target.state))
+		return fail(ctl.InvalidState, "accept on an EP in %s", ctl.EPStateName(st))
 	case target.qp == nil:
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP: set one with ModifyEP", target.h)

@@ -133,6 +133,17 @@ func toSendWR(e *shm.SQE) (qp.SendWR, error) {
 	return wr, nil
 }
 
+// drainRings moves everything waiting in an EP's rings into the engine, as
+// far as its queues take it; s.mu held.
+func (s *session) drainRings(e *ep) {
+	if e.sq == nil || e.qp == nil {
+		return
+	}
+	// Bounded: a client that keeps posting cannot hold the session here.
+	for i := 0; i < 1024 && (s.drainSQ(e) || s.drainRQ(e)); i++ {
+	}
+}
+
 func (s *session) drainSQ(e *ep) bool {
 	progress := false
 	for n := 0; n < batch; n++ {
@@ -319,6 +330,7 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		}
 		if e.state == ctl.EPActivePending || e.state == ctl.EPCompletionPending {
 			e.state = ctl.EPConnected
+			e.local, e.remote = e.qp.Addrs()
 			s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ctl.EvEstablished})
 		}
 	case rnic.Disconnected, rnic.Broken:

@@ -138,6 +138,17 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 // QPN is the queue pair number.
 func (q *QP) QPN() uint32 { return q.qpn }
 
+// Addrs returns the connection's local and remote addresses, or empty
+// strings when the QP has no connection.
+func (q *QP) Addrs() (local, remote string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.conn == nil {
+		return "", ""
+	}
+	return q.conn.LocalAddr().String(), q.conn.RemoteAddr().String()
+}
+
 // Vector is the completion vector (poller) the QP and its CQs belong to.
 func (q *QP) Vector() int { return q.attr.SendCQ.Vector() }
 
