@@ -109,21 +109,19 @@ func setup(ctx context.Context, socket string, size int) (*app, error) {
 
 // recvMsg waits for the next message and reposts its buffer.
 func (a *app) recvMsg(ctx context.Context) (string, error) {
-	for {
-		ev, err := a.recv.Wait(ctx)
-		if err != nil {
-			return "", err
-		}
-		if ev.Status != completion.Success {
-			return "", fmt.Errorf("receive: %v", ev.Status)
-		}
-		slot := ev.Cookie
-		msg := string(a.buf.Bytes[slot*msgSize : slot*msgSize+uint64(ev.Length)])
-		if err := a.ep.PostRecv(slot, []client.Segment{{LMR: a.lmr, Offset: slot * msgSize, Length: msgSize}}); err != nil {
-			return "", err
-		}
-		return msg, nil
+	ev, err := a.recv.Wait(ctx)
+	if err != nil {
+		return "", err
 	}
+	if ev.Status != completion.Success || ev.Cookie >= 8 {
+		return "", fmt.Errorf("receive %d: %v", ev.Cookie, ev.Status)
+	}
+	slot := ev.Cookie
+	msg := string(a.buf.Bytes[slot*msgSize : slot*msgSize+uint64(ev.Length)])
+	if err := a.ep.PostRecv(slot, []client.Segment{{LMR: a.lmr, Offset: slot * msgSize, Length: msgSize}}); err != nil {
+		return "", err
+	}
+	return msg, nil
 }
 
 // sendMsg sends a message from the 9th message slot and waits for it.
