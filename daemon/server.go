@@ -43,6 +43,9 @@ type Options struct {
 	Logger  *slog.Logger
 }
 
+// shutdownGrace bounds the graceful close of connections at Close.
+const shutdownGrace = 3 * time.Second
+
 // Errors at start.
 var (
 	ErrNoInterface = errors.New("daemon: no such interface")
@@ -234,7 +237,14 @@ func (s *Server) Close() error {
 	}
 	s.mu.Unlock()
 	err := s.ln.Close()
+	// Connections end gracefully (FIN, not RST) when they can, within a
+	// bound; then the sessions end and free everything.
+	deadline := time.Now().Add(shutdownGrace)
 	for _, sess := range sessions {
+		sess.disconnectAll()
+	}
+	for _, sess := range sessions {
+		sess.waitDisconnected(deadline)
 		sess.conn.Close()
 	}
 	s.loops.Wait()

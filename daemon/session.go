@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -540,6 +541,38 @@ func (s *session) counts() map[string]int {
 		}
 	}
 	return out
+}
+
+// disconnectAll starts a graceful disconnect of every connected EP.
+func (s *session) disconnectAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, o := range s.objects {
+		if e, ok := o.(*ep); ok && e.state == ctl.EPConnected {
+			s.drainRings(e)
+			e.state = ctl.EPDisconnectPending
+			e.qp.Disconnect(true)
+		}
+	}
+}
+
+// waitDisconnected waits until no QP of the session has a live connection,
+// or the deadline.
+func (s *session) waitDisconnected(deadline time.Time) {
+	for time.Now().Before(deadline) {
+		live := false
+		s.mu.Lock()
+		for _, o := range s.objects {
+			if e, ok := o.(*ep); ok && e.qp != nil && e.state == ctl.EPDisconnectPending && !e.qp.Ended() {
+				live = true
+			}
+		}
+		s.mu.Unlock()
+		if !live {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // close frees everything the session owned: connections are aborted (the

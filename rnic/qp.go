@@ -138,6 +138,13 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 // QPN is the queue pair number.
 func (q *QP) QPN() uint32 { return q.qpn }
 
+// Ended reports that the QP's connection is over.
+func (q *QP) Ended() bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.eng.Ended()
+}
+
 // Addrs returns the connection's local and remote addresses, or empty
 // strings when the QP has no connection.
 func (q *QP) Addrs() (local, remote string) {
