@@ -62,10 +62,11 @@ corpus: fuzz
 	GO=$(GO) bash hack/corpus.sh
 
 # Codec throughput beside the bare CRC32c; the engine over loopback TCP
-# beside plain kernel TCP, in one run.
+# beside plain kernel TCP; the same through daemon and client; in one run.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./mpa/
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./rnic/
+	$(GO) test -run '^$$' -bench . -benchtime 1s ./client/
 
 clean:
 	rm -rf .tools

@@ -478,3 +478,34 @@ func TestDAT17PostDoesNotAllocate(t *testing.T) {
 		t.Fatalf("PostRecv allocates %.1f times", allocs)
 	}
 }
+
+// The remaining connection events an application sees on connect:
+// PEER_REJECTED with the peer's private data, and UNREACHABLE.
+func TestRejectedAndUnreachable(t *testing.T) {
+	sock, _ := startDaemon(t)
+	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
+	port := freePort(t)
+	_, err := server.ia.CreatePSP(port, server.cr, false)
+	must(t, err)
+	cep := cli.ep(t)
+	must(t, cep.Connect(addr(port), []byte("please"), 10*time.Second))
+	ev := wait(t, server.cr)
+	must(t, ev.CR.Reject([]byte("not today")))
+	if ev := wait(t, cli.conn); ev.Conn != client.PeerRejected {
+		t.Fatalf("rejected: %v", ev.Conn)
+	}
+	info, err := cep.Query()
+	must(t, err)
+	if info.State != client.DisconnectedState || string(info.PrivateData) != "not today" {
+		t.Fatalf("after reject: %+v", info)
+	}
+	if err := ev.CR.Accept(server.ep(t), nil); !errors.Is(err, client.ErrInvalidHandle) {
+		t.Fatalf("accept after reject: %v", err)
+	}
+
+	must(t, cep.Reset())
+	must(t, cep.Connect(addr(freePort(t)), nil, 10*time.Second)) // nobody listens
+	if ev := wait(t, cli.conn); ev.Conn != client.Unreachable {
+		t.Fatalf("closed port: %v", ev.Conn)
+	}
+}
