@@ -2,6 +2,7 @@
 #
 #   make demo      two hosts (namespaces), two daemons, RDMA traffic, results
 #   make test      install what the tests need, then go test -race over the tree
+#   make interop   softrnic against Linux siw in a QEMU guest: pass/fail table
 #   make build     build every package and command
 #   make lint      gofmt, go vet, staticcheck
 #   make generate  regenerate committed generated code
@@ -18,7 +19,7 @@ GO ?= go
 FUZZTIME ?= 20s
 PKGS := ./...
 
-.PHONY: all build demo test deps lint generate fuzz corpus bench clean
+.PHONY: all build demo test interop deps lint generate fuzz corpus bench clean
 
 all: build
 
@@ -27,6 +28,9 @@ build:
 
 demo:
 	bash hack/demo.sh
+
+interop:
+	bash hack/interop.sh
 
 deps:
 	bash hack/deps.sh test

@@ -145,6 +145,11 @@ func TestNegotiation(t *testing.T) {
 		if pi.CRC || pr.CRC {
 			t.Error("CRC on though nobody asked")
 		}
+		// The Reply says what is in force, so strict initiators see it.
+		req, _ := (&Config{CRC: true}).Request()
+		if reply, _, _ := (&Config{}).Accept(&req); !reply.CRC {
+			t.Error("a Reply to a Request asking CRC has C clear")
+		}
 	})
 	t.Run("private data both ways", func(t *testing.T) {
 		pi, pr, _, _ := connect(t, Config{PrivateData: []byte("ping")}, Config{PrivateData: []byte("pong")})

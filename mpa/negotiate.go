@@ -88,10 +88,13 @@ func (c *Config) Request() (Frame, error) {
 // An error is a reason to reject (RFC 6581 §9.1: the initiator's IRD is
 // below the ORD the consumer requires), with the reply to send anyway.
 func (c *Config) Accept(req *Frame) (Frame, Params, error) {
+	// The Reply carries the CRC setting in force: RFC 5044 §7.1.1 makes
+	// CRC apply if either frame asks, and strict peers (Linux siw with
+	// mpa_crc_required) drop a Reply whose C bit is clear.
 	reply := Frame{
 		Reply:       true,
 		Markers:     c.Markers,
-		CRC:         c.CRC,
+		CRC:         c.CRC || req.CRC,
 		Revision:    min(req.Revision, c.revision()),
 		PrivateData: c.PrivateData,
 	}

@@ -490,3 +490,29 @@ func TestPostValidation(t *testing.T) {
 		t.Fatalf("failed posts left %d holds on the region", n)
 	}
 }
+
+// A nudge is a zero-length Write: the peer takes it without a check, an
+// event or a completion, and traffic goes on.
+func TestNudgeIsHarmless(t *testing.T) {
+	a, b := newPair(t, pairOpts{crc: true})
+	rb := b.mem.reg(t, pdB, 64, LocalWrite)
+	must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+	must(t, a.q.PostSend(&SendWR{Op: OpSend, Flags: Inline, InlineData: []byte("before")}))
+	l := newLink(a, b, 0)
+	l.pump()
+	a.q.Nudge()
+	var buf [256]byte
+	n := a.q.Transmit(buf[:])
+	if ulpdus, err := mpa.NewAssembler(true, false).Feed(buf[:n], nil); err != nil || len(ulpdus) != 1 || len(ulpdus[0]) != ddp.TaggedHeaderLen {
+		t.Fatalf("nudge: %d octets, %v", n, err)
+	}
+	b.q.Receive(buf[:n])
+	a.sentTot += uint64(n)
+	a.q.Sent(a.sentTot)
+	must(t, b.q.PostRecv(&RecvWR{ID: 2, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+	must(t, a.q.PostSend(&SendWR{Op: OpSend, Flags: Inline, InlineData: []byte("after")}))
+	l.pump()
+	if rc := poll(b.rcq); len(rc) != 2 || rc[1].ByteLen != 5 || len(b.events)+len(a.events) != 0 {
+		t.Fatalf("after a nudge: %+v, events %v %v", rc, a.events, b.events)
+	}
+}

@@ -273,6 +273,16 @@ func (q *QP) txTerminate(out []byte) ([]byte, bool) {
 	return out, ok
 }
 
+// Nudge queues a zero-length RDMA Write, which RFC 5041 §7.1 makes valid at
+// any time and checks nothing. Its only effect is that the peer's LLP sees
+// new data, which unsticks a peer that missed the arrival of earlier FPDUs
+// (Linux siw races its QP's takeover of the socket against the first FPDU).
+func (q *QP) Nudge() {
+	if q.state == RTS && q.rtr == 0 && q.term == nil {
+		q.rtr = mpa.RTRWrite
+	}
+}
+
 // RTRSTag is the STag of a zero-length RTR Write or Read: any non-zero value
 // serves, since zero-length tagged segments are not validated (RFC 5041
 // §7.1); Linux siw uses 1 too.

@@ -107,6 +107,7 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 		conn.Close()
 		return nil, fmt.Errorf("connect %s: %w", raddr, err)
 	}
+	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
 	pd := clone(p.PeerPrivateData)
 	q.post(ConnEvent{Kind: Established, PrivateData: pd})
 	return pd, nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -89,6 +90,7 @@ type QP struct {
 	sentTot uint64
 	abort   bool
 	finSent bool
+	heard   atomic.Bool // the receive loop has read something
 
 	events chan ConnEvent
 	txWake chan struct{}
@@ -250,6 +252,7 @@ func (q *QP) Reset() error {
 		return fmt.Errorf("reset QP %d: %w", q.qpn, ErrState)
 	}
 	q.conn, q.sentTot, q.abort, q.finSent = nil, 0, false, false
+	q.heard.Store(false)
 	return nil
 }
 
@@ -320,6 +323,7 @@ func (q *QP) rxLoop() {
 	for {
 		n, err := q.conn.Read(buf)
 		if n > 0 {
+			q.heard.Store(true)
 			q.mu.Lock()
 			q.eng.Receive(buf[:n])
 			q.mu.Unlock()
@@ -391,6 +395,26 @@ func (q *QP) txLoop() {
 			q.mu.Unlock()
 		}
 	}
+}
+
+// nudgeDelay is how long an initiator waits for the first word from the
+// peer before nudging it (see qp.QP.Nudge).
+const nudgeDelay = 50 * time.Millisecond
+
+// nudgeIfSilent sends a zero-length Write if the peer has sent nothing
+// since the connection came up although we have sent it FPDUs: Linux siw
+// loses the wake-up for FPDUs that arrive between its MPA Reply and its
+// QP taking over the socket, and waits until more data comes.
+func (q *QP) nudgeIfSilent() {
+	if q.heard.Load() {
+		return
+	}
+	q.mu.Lock()
+	if q.sentTot > 0 {
+		q.eng.Nudge()
+	}
+	q.mu.Unlock()
+	q.wake()
 }
 
 func (q *QP) sendFIN() {

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# make interop: softrnic against Linux's own soft-iWARP (siw), in a QEMU guest
+# built from Debian packages (../shared/interop/siw-guest). For each scenario
+# one guest boots and runs rdma-core's rping against softrnic-ping, in both
+# roles, with siw's CRC off and required, ours asked or not, MPA revision 2
+# and 1. The MPA stream of every run is captured on the host and decoded by
+# tshark: every TCP payload must belong to a dissected FPDU and, with CRC,
+# every CRC must be good. Ends with a pass/fail table; exit 1 if any failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PATH=$PATH:/usr/local/go/bin
+GUEST=${SIW_GUEST:-$(cd .. && pwd)/shared/interop/siw-guest}
+PORT=27174
+[ "$(id -u)" = 0 ] || { echo "interop: needs root (the guest build uses debootstrap)" >&2; exit 1; }
+[ -x "$GUEST/run.sh" ] || { echo "interop: no siw guest at $GUEST" >&2; exit 1; }
+bash hack/deps.sh test >/dev/null
+
+work=$(mktemp -d /tmp/softrnic-interop.XXXXXX)
+pids=()
+cleanup() {
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	[ -n "${KEEP:-}" ] || rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "== building the siw guest (cached after the first time)"
+bash "$GUEST/build.sh" > "$work/build.log" 2>&1 || { tail -20 "$work/build.log"; exit 1; }
+echo "== building softrnic"
+go build -o "$work/" ./cmd/softrnicd ./cmd/softrnic-ping || exit 1
+"$work/softrnicd" --iface lo --socket "$work/d.sock" --log-level warn 2> "$work/daemon.log" &
+pids+=($!)
+for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.05; done
+
+TS=(tshark --enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE
+	--disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp)
+
+# check_capture FILE CRC: prints "N FPDUs" and fails unless all is well.
+check_capture() {
+	local pcap=$1 crc=$2
+	local fpdus undissected bad good
+	fpdus=$("${TS[@]}" -r "$pcap" -Y iwarp_mpa.fpdu 2>/dev/null | wc -l)
+	undissected=$("${TS[@]}" -r "$pcap" -Y 'tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in' 2>/dev/null | wc -l)
+	good=$("${TS[@]}" -r "$pcap" -V 2>/dev/null | grep -c '(Good CRC32')
+	bad=$("${TS[@]}" -r "$pcap" -V 2>/dev/null | grep -c '(Bad CRC32')
+	echo "$fpdus FPDUs, $undissected undissected, CRC good $good bad $bad"
+	[ "$fpdus" -gt 0 ] && [ "$undissected" = 0 ] && [ "$bad" = 0 ] || return 1
+	if [ "$crc" = on ]; then [ "$good" -ge "$fpdus" ] || return 1; else [ "$good" = 0 ] || return 1; fi
+}
+
+results=()
+scenario() {
+	local name=$1 role=$2 siwopts=$3 ours=$4 crc=$5
+	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
+	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.ping" ok=PASS detail="" detail_note=""
+	tcpdump -i lo -w "$pcap" -U --immediate-mode -s 0 "tcp port $PORT" 2> "$work/$name.tcpdump" &
+	local tpid=$!
+	for _ in $(seq 100); do grep -q listening "$work/$name.tcpdump" && break; sleep 0.05; done
+	local opts=()
+	[ -n "$siwopts" ] && opts=(--siwopts "$siwopts")
+	if [ "$role" = siw-server ]; then
+		bash "$GUEST/run.sh" --mode rping-server --hostfwd "$PORT:7174" --timeout 120 "${opts[@]}" > "$log" 2>&1 &
+		local gpid=$!
+		for _ in $(seq 120); do grep -q "rping listening" "$log" && break; sleep 0.5; done
+		timeout 60 "$work/softrnic-ping" -c -a 127.0.0.1 -p "$PORT" -C 5 -S 64 -v -V $ours --socket "$work/d.sock" > "$plog" 2>&1 || ok=FAIL
+		wait "$gpid"
+		local grc=$?
+		# The guest's console shows what rping printed.
+		local console
+		console=$(grep -o '/tmp/siw-guest-[^ ]*\.log' "$log" | head -1)
+		[ "$(grep -c 'server ping data: rdma-ping-' "$console")" -ge 5 ] || ok=FAIL
+		if [ "$grc" != 0 ]; then
+			# rping's own teardown race: after a clean DISCONNECT its CM
+			# thread reads a destroyed event channel and exits 255. The
+			# pings all completed, so it is not held against the peer.
+			if grep -q "server DISCONNECT EVENT" "$console" && grep -q "rdma_get_cm_event: Bad file descriptor" "$console"; then
+				detail_note=" (rping teardown race tolerated)"
+				sed -i 's/rping rc=255/rping rc=0 (teardown race)/' "$log"
+			else
+				ok=FAIL
+			fi
+		fi
+	else
+		timeout 150 "$work/softrnic-ping" -s -p "$PORT" -v $ours --socket "$work/d.sock" > "$plog" 2>&1 &
+		local spid=$!
+		sleep 0.3
+		bash "$GUEST/run.sh" --mode rping-client --guestfwd "10.0.2.100:7174-$PORT" --peer 10.0.2.100 --timeout 120 "${opts[@]}" > "$log" 2>&1 || ok=FAIL
+		wait "$spid" || ok=FAIL
+	fi
+	grep -q "rping rc=0" "$log" || ok=FAIL
+	[ "$(grep -c 'ping data: rdma-ping-' "$plog")" -ge 5 ] || ok=FAIL
+	sleep 0.5
+	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
+	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
+	detail+=$detail_note
+	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name" "$role" "$crc" "$detail")")
+	echo "${results[-1]}"
+	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -5 "$plog"; }
+}
+
+echo "== rping: softrnic-ping against Linux siw"
+for role in siw-server siw-client; do
+	scenario "v2-crc-off-$role" "$role" "" "--no-crc" off
+	# siw enforces mpa_crc_required only as initiator: as responder it
+	# turns CRC on only when the Request asks (siw_proc_mpareq).
+	required=on
+	[ "$role" = siw-server ] && required=off
+	scenario "v2-crc-required-by-siw-$role" "$role" "mpa_crc_required=1" "--no-crc" "$required"
+	scenario "v2-crc-asked-by-softrnic-$role" "$role" "" "" on
+	scenario "v1-crc-off-$role" "$role" "mpa_version=1" "--no-crc" off
+	scenario "v1-crc-asked-by-softrnic-$role" "$role" "mpa_version=1" "" on
+done
+
+echo
+echo "== interop results (softrnic kernel datapath vs Linux siw, rping -C 5 -S 64 -V)"
+printf '%-4s  %-34s %-10s %-4s %s\n' result scenario peer crc capture
+failed=0
+for r in "${results[@]}"; do
+	echo "$r"
+	case "$r" in FAIL*) failed=$((failed + 1)) ;; esac
+done
+echo "$((${#results[@]} - failed)) passed, $failed failed"
+[ "$failed" = 0 ]
