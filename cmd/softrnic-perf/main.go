@@ -1,0 +1,696 @@
+// Command softrnic-perf measures softrnic the way perftest measures RDMA
+// NICs: bandwidth and latency of RDMA Write, RDMA Read, Send and atomics,
+// with perftest's flags and output columns.
+//
+//	softrnic-perf TEST [flags]          server (waits for one client)
+//	softrnic-perf TEST [flags] SERVER   client (SERVER is host or host:port)
+//
+// TEST is write_bw, write_lat, read_bw, read_lat, send_bw, send_lat or
+// atomic_lat. Both sides run the same TEST; the client says which in its
+// connection request and the server's accept advertises its buffer.
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"math"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/completion"
+)
+
+var tests = map[string]int{"write_bw": 1, "write_lat": 2, "read_bw": 3, "read_lat": 4, "send_bw": 5, "send_lat": 6, "atomic_lat": 7}
+
+type opts struct {
+	test       string
+	size       int
+	all        bool
+	iters      int
+	duration   time.Duration
+	qps        int
+	port       int
+	depth      int
+	gbits      bool
+	socket     string
+	verify     bool
+	jsonOut    bool
+	server     string
+	noCRC      bool
+	timeout    time.Duration
+	isLatency  bool
+	bufSize    int
+	testNumber int
+}
+
+// Result is one line of output (and of --json).
+type Result struct {
+	Test        string  `json:"test"`
+	Bytes       int     `json:"bytes"`
+	Iterations  int     `json:"iterations"`
+	BWPeakMBps  float64 `json:"bw_peak_MBps,omitempty"`
+	BWAvgMBps   float64 `json:"bw_avg_MBps,omitempty"`
+	MsgRateMpps float64 `json:"msg_rate_Mpps,omitempty"`
+	TMinUs      float64 `json:"t_min_us,omitempty"`
+	TMaxUs      float64 `json:"t_max_us,omitempty"`
+	TTypUs      float64 `json:"t_typical_us,omitempty"`
+	TAvgUs      float64 `json:"t_avg_us,omitempty"`
+	TStdevUs    float64 `json:"t_stdev_us,omitempty"`
+	P99Us       float64 `json:"p99_us,omitempty"`
+	P999Us      float64 `json:"p99_9_us,omitempty"`
+	Verified    bool    `json:"verified,omitempty"`
+}
+
+func main() {
+	if len(os.Args) < 2 || tests[os.Args[1]] == 0 {
+		fmt.Fprintln(os.Stderr, "usage: softrnic-perf write_bw|write_lat|read_bw|read_lat|send_bw|send_lat|atomic_lat [flags] [SERVER]")
+		os.Exit(2)
+	}
+	o := opts{test: os.Args[1], testNumber: tests[os.Args[1]]}
+	o.isLatency = strings.HasSuffix(o.test, "_lat")
+	fs := flag.NewFlagSet(o.test, flag.ExitOnError)
+	defSize := 65536
+	if o.isLatency {
+		defSize = 2
+	}
+	fs.IntVar(&o.size, "s", defSize, "message size")
+	fs.BoolVar(&o.all, "a", false, "all sizes 2 B .. 8 MiB")
+	fs.IntVar(&o.iters, "n", 0, "iterations (default 5000 for bandwidth, 1000 for latency)")
+	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n")
+	fs.IntVar(&o.qps, "q", 1, "queue pairs (only 1 is supported yet)")
+	fs.IntVar(&o.port, "p", 18515, "port")
+	fs.IntVar(&o.depth, "t", 128, "queue depth (outstanding requests)")
+	fs.BoolVar(&o.gbits, "report_gbits", false, "report bandwidth in Gb/s")
+	fs.StringVar(&o.socket, "socket", "", "softrnicd control socket")
+	fs.BoolVar(&o.verify, "verify", false, "check the data moved")
+	fs.BoolVar(&o.jsonOut, "json", false, "print results as JSON")
+	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	_ = fs.Parse(os.Args[2:])
+	if fs.NArg() > 1 || o.qps != 1 || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
+		fmt.Fprintln(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1, -s 1..8388608, -t >= 1)")
+		os.Exit(2)
+	}
+	if o.testNumber == tests["atomic_lat"] {
+		o.size = 8
+	}
+	if o.iters == 0 {
+		o.iters = 5000
+		if o.isLatency {
+			o.iters = 1000
+		}
+	}
+	o.server = fs.Arg(0)
+	o.bufSize = 2 * o.size
+	if o.all {
+		o.bufSize = 16 << 20
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	var err error
+	if o.server == "" {
+		err = runServer(ctx, &o)
+	} else {
+		err = runClient(ctx, &o)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "softrnic-perf:", err)
+		os.Exit(1)
+	}
+}
+
+// peer holds one side's resources: a data buffer (the measured region)
+// and a control area for latency ping-pongs and sends.
+type peer struct {
+	o                        *opts
+	ia                       *client.IA
+	buf                      *client.Buffer
+	lmr                      *client.LMR
+	sends, recvs, conn, reqs *client.EVD
+	ep                       *client.EP
+	remote                   client.RemoteBuffer
+	remoteSize               int
+}
+
+func setup(ctx context.Context, o *opts) (*peer, error) {
+	ia, err := client.Open(ctx, client.Options{Socket: o.socket, Name: "softrnic-perf"})
+	if err != nil {
+		return nil, err
+	}
+	p := &peer{o: o, ia: ia}
+	pz, err := ia.CreatePZ()
+	if err != nil {
+		return nil, err
+	}
+	if p.buf, err = ia.Alloc(o.bufSize); err != nil {
+		return nil, err
+	}
+	if p.lmr, err = pz.RegisterLMR(p.buf, client.LocalWrite|client.RemoteWrite|client.RemoteRead|client.RemoteAtomic); err != nil {
+		return nil, err
+	}
+	depth := max(o.depth, 64)
+	o.depth = min(o.depth, depth)
+	for _, e := range []struct {
+		p     **client.EVD
+		kind  client.EVDKind
+		depth int
+	}{{&p.sends, client.DTOEvents, 4 * depth}, {&p.recvs, client.DTOEvents, 4 * depth}, {&p.conn, client.ConnectionEvents, 8}, {&p.reqs, client.CREvents, 8}} {
+		if *e.p, err = ia.CreateEVD(client.EVDOptions{Depth: e.depth, Kind: e.kind}); err != nil {
+			return nil, err
+		}
+	}
+	p.ep, err = ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: p.recvs, RequestEVD: p.sends, ConnectEVD: p.conn,
+		SQDepth: 2 * depth, RQDepth: 4 * depth, IRD: 32, ORD: 32, NoCRC: o.noCRC})
+	return p, err
+}
+
+func (p *peer) waitConn(ctx context.Context) (client.ConnEvent, error) {
+	ev, err := p.conn.Wait(ctx)
+	return ev.Conn, err
+}
+
+func reap(ctx context.Context, e *client.EVD) (client.Event, error) {
+	ev, err := e.Wait(ctx)
+	if err == nil && ev.Status != completion.Success {
+		err = fmt.Errorf("completion %d: %v (cause %v)", ev.Cookie, ev.Status, ev.Cause)
+	}
+	return ev, err
+}
+
+// The client's request names the test and sizes and advertises its own
+// buffer (for write_lat); the server's accept advertises the server's.
+func request(o *opts, p *peer) []byte {
+	b := make([]byte, 28)
+	b[0] = byte(o.testNumber)
+	binary.BigEndian.PutUint32(b[4:], uint32(o.bufSize))
+	binary.BigEndian.PutUint32(b[8:], uint32(o.iters))
+	binary.BigEndian.PutUint32(b[12:], uint32(o.size))
+	binary.BigEndian.PutUint32(b[16:], p.lmr.Context)
+	binary.BigEndian.PutUint64(b[20:], p.lmr.Address(0))
+	return b
+}
+
+func runServer(ctx context.Context, o *opts) error {
+	p, err := setup(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer p.ia.Close()
+	if _, err := p.ia.CreatePSP(uint16(o.port), p.reqs, false); err != nil {
+		return err
+	}
+	if !o.jsonOut {
+		fmt.Printf("************************************\n* Waiting for client to connect... *\n************************************\n")
+	}
+	ev, err := p.reqs.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	info, err := ev.CR.Query()
+	if err != nil {
+		return err
+	}
+	if len(info.PrivateData) < 28 || int(info.PrivateData[0]) != o.testNumber {
+		_ = ev.CR.Reject([]byte("test mismatch"))
+		return fmt.Errorf("client asked for a different test")
+	}
+	if need := int(binary.BigEndian.Uint32(info.PrivateData[4:])); need > o.bufSize {
+		_ = ev.CR.Reject([]byte("buffer too small"))
+		return fmt.Errorf("client needs a %d-octet buffer: run the server with the same -s or -a", need)
+	}
+	o.size = int(binary.BigEndian.Uint32(info.PrivateData[12:]))
+	p.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData[16:]), Address: binary.BigEndian.Uint64(info.PrivateData[20:])}
+	fillPattern(p.buf.Bytes, 0)
+	// Receives for send tests, posted before accepting.
+	if o.testNumber == tests["send_bw"] || o.testNumber == tests["send_lat"] {
+		// iWARP has no RNR retry: a Send that finds no buffer ends the
+		// connection. Four windows of receives, reposted as they fill.
+		for i := 0; i < 4*o.depth; i++ {
+			if err := p.postRecv(i); err != nil {
+				return err
+			}
+		}
+	}
+	var adv [16]byte
+	binary.BigEndian.PutUint32(adv[0:], p.lmr.Context)
+	binary.BigEndian.PutUint64(adv[4:], p.lmr.Address(0))
+	binary.BigEndian.PutUint32(adv[12:], uint32(o.bufSize))
+	if err := ev.CR.Accept(p.ep, adv[:]); err != nil {
+		return err
+	}
+	if c, err := p.waitConn(ctx); err != nil || c != client.Established {
+		return fmt.Errorf("accept: %v %v", c, err)
+	}
+	switch o.testNumber {
+	case tests["send_bw"]:
+		return p.serveSends(ctx, false)
+	case tests["send_lat"]:
+		return p.serveSends(ctx, true)
+	case tests["write_lat"]:
+		return p.serveWriteLat(ctx)
+	}
+	// Bandwidth and read/atomic tests need nothing of the server's CPU:
+	// wait for the client to leave.
+	for {
+		c, err := p.waitConn(ctx)
+		if err != nil {
+			return err
+		}
+		if c == client.Disconnected || c == client.Broken {
+			return nil
+		}
+	}
+}
+
+// recvSlot is where receive i lands: 64 slots if the buffer holds them.
+func (p *peer) recvSlot(i int) uint64 {
+	if p.o.size*64 > p.o.bufSize {
+		return 0
+	}
+	return uint64(i%64) * uint64(p.o.size)
+}
+
+func (p *peer) postRecv(i int) error {
+	return p.ep.PostRecv(uint64(i), []client.Segment{{LMR: p.lmr, Offset: p.recvSlot(i), Length: uint32(p.o.size)}})
+}
+
+// creditWindow is how many receives one credit Send stands for.
+const creditWindow = 64
+
+// serveSends reposts a receive for every Send; in latency mode it answers
+// each with a Send.
+func (p *peer) serveSends(ctx context.Context, pong bool) error {
+	n := 0
+	for {
+		ev, err := p.recvs.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		if ev.Status == completion.FlushError {
+			return nil // the client is done
+		}
+		if ev.Status != completion.Success {
+			return fmt.Errorf("receive: %v", ev.Status)
+		}
+		// Every Send carries the pattern's first message.
+		if slot := p.recvSlot(int(ev.Cookie)); p.o.verify && !checkPattern(p.buf.Bytes[slot:slot+uint64(ev.Length)], 0) {
+			return fmt.Errorf("receive %d: data differs from the pattern", n)
+		}
+		if err := p.postRecv(n + 4*p.o.depth); err != nil {
+			return err
+		}
+		n++
+		// A credit every creditWindow receives tells the client those
+		// buffers are posted again.
+		if !pong && n%creditWindow == 0 {
+			if err := p.ep.PostSend(uint64(n), nil, 0); err != nil {
+				return err
+			}
+		}
+		if pong {
+			if err := p.ep.PostSend(uint64(n), []client.Segment{{LMR: p.lmr, Length: uint32(p.o.size)}}, client.Signaled); err != nil {
+				return err
+			}
+			if _, err := reap(ctx, p.sends); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// serveWriteLat mirrors perftest write_lat: watch the last octet of our
+// buffer for the client's next counter, then write the same to it.
+func (p *peer) serveWriteLat(ctx context.Context) error {
+	last := (*uint8)(unsafe.Pointer(&p.buf.Bytes[p.o.size-1]))
+	var seen uint8
+	for i := 0; ctx.Err() == nil; i++ {
+		want := uint8(i + 1)
+		for atomicLoad8(last) != want {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if ev, ok, _ := p.conn.Dequeue(); ok && (ev.Conn == client.Disconnected || ev.Conn == client.Broken) {
+				return nil
+			}
+		}
+		seen = want
+		p.buf.Bytes[p.o.size+p.o.size-1] = seen
+		if err := p.ep.PostWrite(uint64(i), []client.Segment{{LMR: p.lmr, Offset: uint64(p.o.size), Length: uint32(p.o.size)}},
+			p.remote, 0); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// atomicLoad8 reads the octet at p through an atomic load of its aligned
+// 8-octet word: the daemon writes the memory from another process.
+func atomicLoad8(p *uint8) uint8 {
+	off := uintptr(unsafe.Pointer(p)) & 7
+	w := atomic.LoadUint64((*uint64)(unsafe.Add(unsafe.Pointer(p), -int(off))))
+	return uint8(w >> (8 * off))
+}
+
+func runClient(ctx context.Context, o *opts) error {
+	p, err := setup(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer p.ia.Close()
+	addr := o.server
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		addr = net.JoinHostPort(addr, strconv.Itoa(o.port))
+	}
+	if err := p.ep.Connect(addr, request(o, p), 10*time.Second); err != nil {
+		return err
+	}
+	if c, err := p.waitConn(ctx); err != nil || c != client.Established {
+		return fmt.Errorf("connect to %s: %v %v", addr, c, err)
+	}
+	info, err := p.ep.Query()
+	if err != nil {
+		return err
+	}
+	if len(info.PrivateData) != 16 {
+		return errors.New("server did not advertise a buffer")
+	}
+	p.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData), Address: binary.BigEndian.Uint64(info.PrivateData[4:])}
+	p.remoteSize = int(binary.BigEndian.Uint32(info.PrivateData[12:]))
+	fillPattern(p.buf.Bytes, 0)
+
+	sizes := []int{o.size}
+	if o.all {
+		sizes = nil
+		for s := 2; s <= 8<<20; s *= 2 {
+			sizes = append(sizes, s)
+		}
+	}
+	var results []Result
+	if !o.jsonOut {
+		header(o)
+	}
+	for _, size := range sizes {
+		if size > p.remoteSize/2 && size > p.remoteSize {
+			return fmt.Errorf("server buffer of %d octets too small for %d", p.remoteSize, size)
+		}
+		r, err := p.run(ctx, size)
+		if err != nil {
+			return err
+		}
+		results = append(results, r)
+		if !o.jsonOut {
+			line(o, &r)
+		}
+	}
+	if o.jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(results)
+	} else {
+		fmt.Println(strings.Repeat("-", 87))
+	}
+	_ = p.ep.Disconnect(true)
+	_, _ = p.waitConn(ctx)
+	return nil
+}
+
+func (p *peer) run(ctx context.Context, size int) (Result, error) {
+	o := p.o
+	r := Result{Test: o.test, Bytes: size, Iterations: o.iters}
+	switch o.testNumber {
+	case tests["write_bw"], tests["read_bw"], tests["send_bw"]:
+		return p.bandwidth(ctx, size, r)
+	default:
+		return p.latency(ctx, size, r)
+	}
+}
+
+// bandwidth keeps up to -t requests in flight, signalling each one so that
+// per-window rates give the peak.
+func (p *peer) bandwidth(ctx context.Context, size int, r Result) (Result, error) {
+	o := p.o
+	depth := o.depth
+	switch o.testNumber {
+	case tests["read_bw"]:
+		depth = min(depth, 32) // ORD
+	case tests["send_bw"]:
+		depth = max(1, depth/2) // well inside the server's receives
+	}
+	slots := max(1, min(p.remoteSize, o.bufSize)/size)
+	post := func(i int) error {
+		off := uint64(i%slots) * uint64(size)
+		seg := client.Segment{LMR: p.lmr, Offset: off, Length: uint32(size)}
+		rb := client.RemoteBuffer{Context: p.remote.Context, Address: p.remote.Address + off}
+		switch o.testNumber {
+		case tests["write_bw"]:
+			return p.ep.PostWrite(uint64(i), []client.Segment{seg}, rb, client.Signaled)
+		case tests["read_bw"]:
+			return p.ep.PostRead(uint64(i), seg, rb, client.Signaled)
+		}
+		seg.Offset = 0 // every Send carries the pattern's first message
+		return p.ep.PostSend(uint64(i), []client.Segment{seg}, client.Signaled)
+	}
+	// send_bw: credits from the server bound the Sends in flight to the
+	// receives it has posted (4 windows of -t), less one credit window.
+	credits, maxAhead := 0, 4*o.depth-creditWindow
+	if o.testNumber == tests["send_bw"] {
+		for i := 0; i < 16; i++ {
+			if err := p.ep.PostRecv(uint64(i), nil); err != nil {
+				return r, err
+			}
+		}
+	}
+	iters := o.iters
+	deadline := time.Time{}
+	if o.duration > 0 {
+		iters = math.MaxInt32
+		deadline = time.Now().Add(o.duration)
+	}
+	start := time.Now()
+	winStart, winDone, peak := start, 0, 0.0
+	posted, done := 0, 0
+	for done < iters {
+		for posted < iters && posted-done < depth && (deadline.IsZero() || time.Now().Before(deadline)) {
+			if o.testNumber == tests["send_bw"] && posted-credits*creditWindow >= maxAhead {
+				// Take the credits that have come; wait for one
+				// only if nothing else can make progress.
+				ev, ok, err := p.recvs.Dequeue()
+				if err != nil {
+					return r, err
+				}
+				if !ok && posted == done {
+					if ev, err = reap(ctx, p.recvs); err != nil {
+						return r, err
+					}
+					ok = true
+				}
+				if !ok {
+					break
+				}
+				if ev.Status != completion.Success {
+					return r, fmt.Errorf("credit: %v", ev.Status)
+				}
+				credits++
+				if err := p.ep.PostRecv(ev.Cookie, nil); err != nil {
+					return r, err
+				}
+				continue
+			}
+			if err := post(posted); err != nil {
+				return r, err
+			}
+			posted++
+		}
+		if posted == done {
+			break // duration over
+		}
+		if _, err := reap(ctx, p.sends); err != nil {
+			return r, err
+		}
+		done++
+		if done-winDone >= depth {
+			if d := time.Since(winStart).Seconds(); d > 0 {
+				peak = max(peak, float64((done-winDone)*size)/d)
+			}
+			winStart, winDone = time.Now(), done
+		}
+	}
+	elapsed := time.Since(start).Seconds()
+	r.Iterations = done
+	r.BWAvgMBps = float64(done*size) / elapsed / 1e6
+	r.BWPeakMBps = max(peak/1e6, r.BWAvgMBps)
+	r.MsgRateMpps = float64(done) / elapsed / 1e6
+	if o.verify {
+		ok, err := p.verify(ctx, size, slots)
+		if err != nil {
+			return r, err
+		}
+		if !ok {
+			return r, fmt.Errorf("%s %d B: data verification failed", o.test, size)
+		}
+		r.Verified = true
+	}
+	return r, nil
+}
+
+// verify checks what moved: for Writes it reads the server's buffer back;
+// for Reads and Sends the pattern came from the server, already in place.
+func (p *peer) verify(ctx context.Context, size, slots int) (bool, error) {
+	n := min(slots, 8) * size
+	switch p.o.testNumber {
+	case tests["write_bw"]:
+		scratch := p.buf.Bytes[p.o.bufSize-n:]
+		if p.o.bufSize < 2*n {
+			return bytesEqualPattern(p, ctx, size)
+		}
+		clear(scratch)
+		if err := p.ep.PostRead(1<<40, client.Segment{LMR: p.lmr, Offset: uint64(p.o.bufSize - n), Length: uint32(n)}, p.remote, client.Signaled); err != nil {
+			return false, err
+		}
+		if _, err := reap(ctx, p.sends); err != nil {
+			return false, err
+		}
+		return checkPattern(scratch[:n], 0), nil
+	case tests["read_bw"]:
+		return checkPattern(p.buf.Bytes[:n], 0), nil
+	}
+	return true, nil // the server checks Sends as they arrive
+}
+
+func bytesEqualPattern(p *peer, ctx context.Context, size int) (bool, error) {
+	// Too little room for a scratch copy: read one message back in place
+	// of the pattern's first message and restore the pattern.
+	if err := p.ep.PostRead(1<<40, client.Segment{LMR: p.lmr, Length: uint32(size)}, p.remote, client.Signaled); err != nil {
+		return false, err
+	}
+	if _, err := reap(ctx, p.sends); err != nil {
+		return false, err
+	}
+	ok := checkPattern(p.buf.Bytes[:size], 0)
+	fillPattern(p.buf.Bytes, 0)
+	return ok, nil
+}
+
+// latency runs one request at a time and records each round trip.
+func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) {
+	o := p.o
+	samples := make([]time.Duration, 0, o.iters)
+	last := (*uint8)(unsafe.Pointer(&p.buf.Bytes[size-1]))
+	if o.testNumber == tests["send_lat"] {
+		for i := 0; i < 2; i++ {
+			if err := p.ep.PostRecv(uint64(i), []client.Segment{{LMR: p.lmr, Offset: uint64(o.size), Length: uint32(size)}}); err != nil {
+				return r, err
+			}
+		}
+	}
+	for i := 0; i < o.iters; i++ {
+		t0 := time.Now()
+		var err error
+		switch o.testNumber {
+		case tests["read_lat"]:
+			err = p.ep.PostRead(uint64(i), client.Segment{LMR: p.lmr, Length: uint32(size)}, p.remote, client.Signaled)
+			if err == nil {
+				_, err = reap(ctx, p.sends)
+			}
+		case tests["atomic_lat"]:
+			err = p.ep.PostFetchAdd(uint64(i), client.Segment{LMR: p.lmr, Length: 8}, p.remote, 1, client.Signaled)
+			if err == nil {
+				_, err = reap(ctx, p.sends)
+			}
+		case tests["send_lat"]:
+			err = p.ep.PostSend(uint64(i), []client.Segment{{LMR: p.lmr, Length: uint32(size)}}, client.Signaled)
+			if err == nil {
+				_, err = reap(ctx, p.recvs)
+			}
+			if err == nil {
+				_, err = reap(ctx, p.sends)
+			}
+			if err == nil {
+				err = p.ep.PostRecv(uint64(i+2), []client.Segment{{LMR: p.lmr, Offset: uint64(o.size), Length: uint32(size)}})
+			}
+		case tests["write_lat"]:
+			want := uint8(i + 1)
+			p.buf.Bytes[o.size+size-1] = want
+			err = p.ep.PostWrite(uint64(i), []client.Segment{{LMR: p.lmr, Offset: uint64(o.size), Length: uint32(size)}}, p.remote, 0)
+			for err == nil && atomicLoad8(last) != want {
+				if ctx.Err() != nil {
+					err = ctx.Err()
+				}
+			}
+		}
+		if err != nil {
+			return r, err
+		}
+		samples = append(samples, time.Since(t0))
+	}
+	slices.Sort(samples)
+	us := func(d time.Duration) float64 { return float64(d) / 1e3 }
+	var sum, sq float64
+	for _, s := range samples {
+		sum += us(s)
+	}
+	avg := sum / float64(len(samples))
+	for _, s := range samples {
+		sq += (us(s) - avg) * (us(s) - avg)
+	}
+	r.TMinUs, r.TMaxUs = us(samples[0]), us(samples[len(samples)-1])
+	r.TTypUs = us(samples[len(samples)/2])
+	r.TAvgUs, r.TStdevUs = avg, math.Sqrt(sq/float64(len(samples)))
+	r.P99Us = us(samples[len(samples)*99/100])
+	r.P999Us = us(samples[min(len(samples)-1, len(samples)*999/1000)])
+	return r, nil
+}
+
+// fillPattern writes a pattern that depends only on the offset.
+func fillPattern(b []byte, seed byte) {
+	for i := range b {
+		b[i] = byte(i*131) ^ seed
+	}
+}
+
+func checkPattern(b []byte, seed byte) bool {
+	for i := range b {
+		if b[i] != byte(i*131)^seed {
+			return false
+		}
+	}
+	return true
+}
+
+func header(o *opts) {
+	fmt.Println(strings.Repeat("-", 87))
+	if o.isLatency {
+		fmt.Printf(" %-7s %-11s %-14s %-14s %-16s %-14s %-15s %-22s %s\n", "#bytes", "#iterations", "t_min[usec]", "t_max[usec]",
+			"t_typical[usec]", "t_avg[usec]", "t_stdev[usec]", "99% percentile[usec]", "99.9% percentile[usec]")
+		return
+	}
+	unit := "MB/sec"
+	if o.gbits {
+		unit = "Gb/sec"
+	}
+	fmt.Printf(" %-10s %-14s %-18s %-20s %s\n", "#bytes", "#iterations", "BW peak["+unit+"]", "BW average["+unit+"]", "MsgRate[Mpps]")
+}
+
+func line(o *opts, r *Result) {
+	if o.isLatency {
+		fmt.Printf(" %-7d %-11d %-14.2f %-14.2f %-16.2f %-14.2f %-15.2f %-22.2f %.2f\n", r.Bytes, r.Iterations, r.TMinUs, r.TMaxUs,
+			r.TTypUs, r.TAvgUs, r.TStdevUs, r.P99Us, r.P999Us)
+		return
+	}
+	peak, avg := r.BWPeakMBps, r.BWAvgMBps
+	if o.gbits {
+		peak, avg = peak*8/1e3, avg*8/1e3
+	}
+	fmt.Printf(" %-10d %-14d %-18.2f %-20.2f %.6f\n", r.Bytes, r.Iterations, peak, avg, r.MsgRateMpps)
+}

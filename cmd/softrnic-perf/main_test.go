@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/daemon"
+)
+
+// TestMain lets the test binary run as softrnic-perf.
+func TestMain(m *testing.M) {
+	if os.Getenv("SOFTRNIC_PERF_MAIN") != "" {
+		os.Args = append([]string{"softrnic-perf"}, strings.Fields(os.Getenv("SOFTRNIC_PERF_ARGS"))...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func perf(args string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), "SOFTRNIC_PERF_MAIN=1", "SOFTRNIC_PERF_ARGS="+args)
+	return cmd
+}
+
+// TestEveryTest runs each test, server and client as separate processes
+// through one daemon, with --verify and --json.
+func TestEveryTest(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.Serve()
+	defer d.Close()
+	for _, tc := range []struct {
+		test string
+		size int
+	}{{"write_bw", 4096}, {"read_bw", 4096}, {"send_bw", 100}, {"write_lat", 2}, {"read_lat", 8}, {"send_lat", 2}, {"atomic_lat", 8}} {
+		t.Run(tc.test, func(t *testing.T) {
+			l, _ := net.Listen("tcp4", "127.0.0.1:0")
+			port := l.Addr().(*net.TCPAddr).Port
+			l.Close()
+			common := fmt.Sprintf("%s -s %d -p %d --socket %s --verify --timeout 60s", tc.test, tc.size, port, sock)
+			srv := perf(common)
+			out, _ := srv.StdoutPipe()
+			srv.Stderr = os.Stderr
+			if err := srv.Start(); err != nil {
+				t.Fatal(err)
+			}
+			defer srv.Process.Kill()
+			sc := bufio.NewScanner(out)
+			for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
+			}
+			go io.Copy(io.Discard, out)
+			cli := perf(common + " -n 300 --json 127.0.0.1")
+			cli.Stderr = os.Stderr
+			res, err := cli.Output()
+			if err != nil {
+				t.Fatalf("client: %v\n%s", err, res)
+			}
+			var results []Result
+			if err := json.Unmarshal(res, &results); err != nil || len(results) != 1 {
+				t.Fatalf("json: %v\n%s", err, res)
+			}
+			r := results[0]
+			if r.Test != tc.test || r.Bytes != tc.size || r.Iterations != 300 {
+				t.Fatalf("%+v", r)
+			}
+			if strings.HasSuffix(tc.test, "_bw") && (r.BWAvgMBps <= 0 || r.BWPeakMBps < r.BWAvgMBps || !r.Verified && tc.test != "send_bw") {
+				t.Fatalf("bandwidth %+v", r)
+			}
+			if strings.HasSuffix(tc.test, "_lat") && !(r.TMinUs > 0 && r.TMinUs <= r.TTypUs && r.TTypUs <= r.P99Us && r.P99Us <= r.TMaxUs) {
+				t.Fatalf("latency %+v", r)
+			}
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("server: %v", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatal("server did not finish")
+			}
+		})
+	}
+}
