@@ -18,9 +18,8 @@ import (
 	"os"
 	"sync"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/fdpass"
 	"github.com/softrnic/softrnic/internal/shm"
 )
 
@@ -128,24 +127,16 @@ func (ia *IA) call(op ctl.Op, req any, fds []*os.File, reply any) ([]*os.File, e
 	if err != nil {
 		return nil, err
 	}
-	var rights []byte
-	if len(fds) > 0 {
-		ints := make([]int, len(fds))
-		for i, f := range fds {
-			ints[i] = int(f.Fd())
-		}
-		rights = unix.UnixRights(ints...)
-	}
-	if _, _, err := ia.conn.WriteMsgUnix(msg, rights, nil); err != nil {
+	if _, _, err := ia.conn.WriteMsgUnix(msg, fdpass.Rights(fds), nil); err != nil {
 		return nil, fmt.Errorf("%v: %w: %v", op, ErrClosed, err)
 	}
 	buf := make([]byte, ctl.MaxMessage)
-	oob := make([]byte, unix.CmsgSpace(4*4))
+	oob := make([]byte, fdpass.OOBSpace(4))
 	n, oobn, _, _, err := ia.conn.ReadMsgUnix(buf, oob)
 	if err != nil || n == 0 {
 		return nil, fmt.Errorf("%v: %w", op, ErrClosed)
 	}
-	files := parseFDs(oob[:oobn])
+	files := fdpass.Parse(oob[:oobn], "softrnic")
 	h, body, err := ctl.ParseHeader(buf[:n])
 	if err != nil || h.ID != id || h.Op != op {
 		closeAll(files)
@@ -165,25 +156,6 @@ func (ia *IA) call(op ctl.Op, req any, fds []*os.File, reply any) ([]*os.File, e
 		return nil, fmt.Errorf("%v: bad reply body: %w", op, err)
 	}
 	return files, nil
-}
-
-func parseFDs(oob []byte) []*os.File {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var out []*os.File
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			unix.CloseOnExec(fd)
-			out = append(out, os.NewFile(uintptr(fd), "softrnic"))
-		}
-	}
-	return out
 }
 
 // PZ is a protection zone.

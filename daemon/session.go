@@ -12,6 +12,7 @@ import (
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/fdpass"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
@@ -75,13 +76,13 @@ func (s *session) run() {
 	go s.poll()
 	go s.doorbellLoop()
 	buf := make([]byte, ctl.MaxMessage)
-	oob := make([]byte, unix.CmsgSpace(maxFDs*4))
+	oob := make([]byte, fdpass.OOBSpace(maxFDs))
 	for {
 		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
 		if err != nil || n == 0 {
 			break
 		}
-		fds := parseFDs(oob[:oobn])
+		fds := fdpass.Parse(oob[:oobn], "passed")
 		reply, out, herr := s.dispatch(buf[:n], fds)
 		for _, f := range fds {
 			f.Close() // handlers dup what they keep
@@ -91,15 +92,7 @@ func (s *session) run() {
 			log.Warn("protocol violation, closing session", "err", herr)
 			break
 		}
-		var rights []byte
-		if len(out) > 0 {
-			ints := make([]int, len(out))
-			for i, f := range out {
-				ints[i] = int(f.Fd())
-			}
-			rights = unix.UnixRights(ints...)
-		}
-		_, _, werr := s.conn.WriteMsgUnix(reply, rights, nil)
+		_, _, werr := s.conn.WriteMsgUnix(reply, fdpass.Rights(out), nil)
 		for _, f := range out {
 			f.Close()
 		}
@@ -109,25 +102,6 @@ func (s *session) run() {
 	}
 	s.close()
 	log.Info("session closed")
-}
-
-func parseFDs(oob []byte) []*os.File {
-	msgs, err := unix.ParseSocketControlMessage(oob)
-	if err != nil {
-		return nil
-	}
-	var out []*os.File
-	for _, m := range msgs {
-		fds, err := unix.ParseUnixRights(&m)
-		if err != nil {
-			continue
-		}
-		for _, fd := range fds {
-			unix.CloseOnExec(fd)
-			out = append(out, os.NewFile(uintptr(fd), "passed"))
-		}
-	}
-	return out
 }
 
 // dispatch decodes one request and returns the encoded reply and the files

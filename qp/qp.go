@@ -341,23 +341,18 @@ func (q *QP) resolve(sgl []SGE, bufs [][]byte, mrs []*MR, need Access, total *in
 	return nil
 }
 
-func (e *sqe) releaseAll() {
-	for i := range e.mrs {
-		if e.mrs[i] != nil {
-			e.mrs[i].release()
-			e.mrs[i] = nil
-		}
-		e.bufs[i] = nil
-	}
-}
+func (e *sqe) releaseAll() { releaseHolds(e.mrs[:], e.bufs[:]) }
 
-func (e *rqe) releaseAll() {
-	for i := range e.mrs {
-		if e.mrs[i] != nil {
-			e.mrs[i].release()
-			e.mrs[i] = nil
+func (e *rqe) releaseAll() { releaseHolds(e.mrs[:], e.bufs[:]) }
+
+// releaseHolds drops a work request's holds on its regions.
+func releaseHolds(mrs []*MR, bufs [][]byte) {
+	for i := range mrs {
+		if mrs[i] != nil {
+			mrs[i].release()
+			mrs[i] = nil
 		}
-		e.bufs[i] = nil
+		bufs[i] = nil
 	}
 }
 
