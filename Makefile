@@ -8,7 +8,9 @@
 #   make generate  regenerate committed generated code
 #   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
 #   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
-#   make bench     benchmarks (codecs, engine over loopback TCP, kernel TCP baseline)
+#   make bench     one run on two namespaces: kernel TCP and iperf3 beside softrnic,
+#                  table, bench/results.json, bench/*.png (MTU=, CRC=)
+#   make microbench Go benchmarks: codecs, engine over loopback, daemon + client
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -19,7 +21,7 @@ GO ?= go
 FUZZTIME ?= 20s
 PKGS := ./...
 
-.PHONY: all build demo test interop deps lint generate fuzz corpus bench clean
+.PHONY: all build demo test interop deps lint generate fuzz corpus bench microbench clean
 
 all: build
 
@@ -65,9 +67,12 @@ fuzz:
 corpus: fuzz
 	GO=$(GO) bash hack/corpus.sh
 
+bench:
+	bash hack/bench.sh
+
 # Codec throughput beside the bare CRC32c; the engine over loopback TCP
 # beside plain kernel TCP; the same through daemon and client; in one run.
-bench:
+microbench:
 	$(GO) test -run '^$$' -bench . -benchmem ./mpa/
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./rnic/
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./client/

@@ -90,8 +90,10 @@ func (s *session) step() bool {
 		switch o := o.(type) {
 		case *ep:
 			if o.sq != nil && o.qp != nil {
-				progress = s.drainSQ(o) || progress
+				// Receives first, all of them: a Send the client posted
+				// after a receive may make the peer send to it at once.
 				progress = s.drainRQ(o) || progress
+				progress = s.drainSQ(o) || progress
 			}
 		case *evd:
 			progress = s.forward(o) || progress
@@ -140,7 +142,7 @@ func (s *session) drainRings(e *ep) {
 		return
 	}
 	// Bounded: a client that keeps posting cannot hold the session here.
-	for i := 0; i < 1024 && (s.drainSQ(e) || s.drainRQ(e)); i++ {
+	for i := 0; i < 1024 && (s.drainRQ(e) || s.drainSQ(e)); i++ {
 	}
 }
 
@@ -174,7 +176,7 @@ func (s *session) drainSQ(e *ep) bool {
 
 func (s *session) drainRQ(e *ep) bool {
 	progress := false
-	for n := 0; n < batch; n++ {
+	for n := uint32(0); n < e.rq.Entries(); n++ {
 		slot, err := e.rq.Peek()
 		if err != nil {
 			s.violation("receive ring", err)

@@ -15,6 +15,7 @@ declare -A test_pkgs=(
 	[tshark]=tshark
 	[tcpdump]=tcpdump
 	[ping]=iputils-ping
+	[iperf3]=iperf3
 )
 
 apt_install() {
