@@ -251,7 +251,10 @@ func (b *bench) tcpStream(size int) (Point, error) {
 		return Point{}, fmt.Errorf("tcp-stream: %v", err)
 	}
 	_ = srv.Wait()
-	var r struct{ Bytes, Messages int64; Seconds float64 }
+	var r struct {
+		Bytes, Messages int64
+		Seconds         float64
+	}
 	if err := json.Unmarshal(res, &r); err != nil {
 		return Point{}, err
 	}
