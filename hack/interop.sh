@@ -35,15 +35,20 @@ for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.05; done
 TS=(tshark --enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE
 	--disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp)
 
-# check_capture FILE CRC: prints "N FPDUs" and fails unless all is well.
+# check_capture FILE CRC [LENIENT]: prints what tshark found and fails unless
+# all is well. LENIENT tolerates TCP payloads tshark did not dissect: QEMU's
+# user-mode network re-segments the stream, and Wireshark's MPA reassembly
+# loses FPDUs whose CRC spills into the next segment (ours checks every CRC
+# on receipt: a bad one would have ended the connection).
 check_capture() {
-	local pcap=$1 crc=$2
+	local pcap=$1 crc=$2 lenient=${3:-}
 	local fpdus undissected bad good
 	fpdus=$("${TS[@]}" -r "$pcap" -Y iwarp_mpa.fpdu 2>/dev/null | wc -l)
 	undissected=$("${TS[@]}" -r "$pcap" -Y 'tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in' 2>/dev/null | wc -l)
 	good=$("${TS[@]}" -r "$pcap" -V 2>/dev/null | grep -c '(Good CRC32')
 	bad=$("${TS[@]}" -r "$pcap" -V 2>/dev/null | grep -c '(Bad CRC32')
 	echo "$fpdus FPDUs, $undissected undissected, CRC good $good bad $bad"
+	[ -n "$lenient" ] && undissected=0
 	[ "$fpdus" -gt 0 ] && [ "$undissected" = 0 ] && [ "$bad" = 0 ] || return 1
 	if [ "$crc" = on ]; then [ "$good" -ge "$fpdus" ] || return 1; else [ "$good" = 0 ] || return 1; fi
 }
@@ -111,8 +116,60 @@ for role in siw-server siw-client; do
 	scenario "v1-crc-asked-by-softrnic-$role" "$role" "mpa_version=1" "" on
 done
 
+# perftest -R: ib_write_bw and ib_read_bw (4096 B, 50 iterations) against
+# softrnic-perf --perftest, both roles. The guest's ib_send_bw runs between
+# them: softrnic-perf does not speak it yet and leaves at once (siw's own
+# ib_send_bw crashes against siw in this Debian build).
+perftest_scenario() {
+	local role=$1 name="perftest-$1" ok=PASS
+	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
+	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.perf"
+	tcpdump -i lo -w "$pcap" -U --immediate-mode -s 0 "tcp portrange 28515-28517" 2> "$work/$name.tcpdump" &
+	local tpid=$!
+	for _ in $(seq 100); do grep -q listening "$work/$name.tcpdump" && break; sleep 0.05; done
+	: > "$plog"
+	if [ "$role" = siw-server ]; then
+		bash "$GUEST/run.sh" --mode wbw-server --hostfwd 28515:18515 --hostfwd 28516:18516 --hostfwd 28517:18517 --timeout 150 > "$log" 2>&1 &
+		local gpid=$!
+		for t in write_bw send_bw read_bw; do
+			local p=$((28515 + $(echo "write_bw send_bw read_bw" | tr ' ' '\n' | grep -n "^$t\$" | cut -d: -f1) - 1))
+			for _ in $(seq 120); do grep -q "ib_$t listening" "$log" && break; sleep 0.5; done
+			if timeout 60 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 --socket "$work/d.sock" "127.0.0.1:$p" >> "$plog" 2>&1; then
+				[ "$t" != send_bw ] || ok=FAIL
+			else
+				[ "$t" = send_bw ] || ok=FAIL
+			fi
+		done
+		wait "$gpid"
+	else
+		local spids=()
+		for t in write_bw read_bw; do
+			local p=28515
+			[ "$t" = read_bw ] && p=28517
+			timeout 150 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 -p "$p" --socket "$work/d.sock" >> "$plog" 2>&1 &
+			spids+=($!)
+		done
+		sleep 0.5
+		bash "$GUEST/run.sh" --mode wbw-client --guestfwd 10.0.2.100:18515-28515 --guestfwd 10.0.2.100:18517-28517 --peer 10.0.2.100 --timeout 150 > "$log" 2>&1
+		for p in "${spids[@]}"; do wait "$p" || ok=FAIL; done
+	fi
+	grep -q "ib_write_bw rc=0" "$log" || ok=FAIL
+	grep -q "ib_read_bw rc=0" "$log" || ok=FAIL
+	sleep 0.5
+	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
+	local detail
+	detail=$(check_capture "$pcap" on lenient) || ok=FAIL
+	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name write+read" "$role" on "$detail")")
+	echo "${results[-1]}"
+	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -8 "$plog"; }
+}
+echo "== perftest -R: softrnic-perf against Linux siw"
+go build -o "$work/" ./cmd/softrnic-perf || exit 1
+perftest_scenario siw-server
+perftest_scenario siw-client
+
 echo
-echo "== interop results (softrnic kernel datapath vs Linux siw, rping -C 5 -S 64 -V)"
+echo "== interop results (softrnic kernel datapath vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50)"
 printf '%-4s  %-34s %-10s %-4s %s\n' result scenario peer crc capture
 failed=0
 for r in "${results[@]}"; do

@@ -52,6 +52,7 @@ type opts struct {
 	isLatency  bool
 	bufSize    int
 	testNumber int
+	perftest   bool
 }
 
 // Result is one line of output (and of --json).
@@ -96,6 +97,7 @@ func main() {
 	fs.BoolVar(&o.verify, "verify", false, "check the data moved")
 	fs.BoolVar(&o.jsonOut, "json", false, "print results as JSON")
 	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
+	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() > 1 || o.qps != 1 || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
@@ -116,12 +118,19 @@ func main() {
 	if o.all {
 		o.bufSize = 16 << 20
 	}
+	if o.perftest {
+		// perftest's cycle buffer, then the control area at the end.
+		o.bufSize = max(2*o.size, 2*ptCycle) + 3*ptCtlBuf
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
 	defer cancel()
 	var err error
-	if o.server == "" {
+	switch {
+	case o.perftest:
+		err = runPerftest(ctx, &o)
+	case o.server == "":
 		err = runServer(ctx, &o)
-	} else {
+	default:
 		err = runClient(ctx, &o)
 	}
 	if err != nil {
@@ -135,6 +144,7 @@ func main() {
 type peer struct {
 	o                        *opts
 	ia                       *client.IA
+	pz                       *client.PZ
 	buf                      *client.Buffer
 	lmr                      *client.LMR
 	sends, recvs, conn, reqs *client.EVD
@@ -153,6 +163,7 @@ func setup(ctx context.Context, o *opts) (*peer, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.pz = pz
 	if p.buf, err = ia.Alloc(o.bufSize); err != nil {
 		return nil, err
 	}

@@ -96,3 +96,55 @@ func TestEveryTest(t *testing.T) {
 		})
 	}
 }
+
+// TestPerftestMode runs --perftest's exchange (perftest -R's, as Debian's
+// perftest speaks it) between two softrnic-perf processes; make interop
+// runs it against Linux siw's ib_write_bw and ib_read_bw.
+func TestPerftestMode(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.Serve()
+	defer d.Close()
+	for _, test := range []string{"write_bw", "read_bw"} {
+		l, _ := net.Listen("tcp4", "127.0.0.1:0")
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		common := fmt.Sprintf("%s --perftest -s 4096 -n 100 -p %d --socket %s --timeout 60s", test, port, sock)
+		srv := perf(common)
+		out, _ := srv.StdoutPipe()
+		srv.Stderr = os.Stderr
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		sc := bufio.NewScanner(out)
+		for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
+		}
+		rest := make(chan string, 1)
+		go func() { b, _ := io.ReadAll(out); rest <- string(b) }()
+		res, err := perf(common + " --json 127.0.0.1").Output()
+		if err != nil {
+			t.Fatalf("%s client: %v\n%s", test, err, res)
+		}
+		var results []Result
+		if err := json.Unmarshal(res, &results); err != nil || len(results) != 1 || results[0].Iterations != 100 || results[0].BWAvgMBps <= 0 {
+			t.Fatalf("%s: %v %s", test, err, res)
+		}
+		if err := srv.Wait(); err != nil {
+			t.Fatalf("%s server: %v", test, err)
+		}
+		// The server learnt the client's figures in perftest's report exchange.
+		if s := <-rest; !strings.Contains(s, "peer reports") {
+			t.Fatalf("%s server output: %q", test, s)
+		}
+	}
+	// A test --perftest does not speak yet: the client leaves with an error.
+	l, _ := net.Listen("tcp4", "127.0.0.1:0")
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	if out, err := perf(fmt.Sprintf("send_bw --perftest -p %d --socket %s", port, sock)).CombinedOutput(); err == nil {
+		t.Fatalf("send_bw --perftest server started: %s", out)
+	}
+}
