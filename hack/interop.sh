@@ -116,52 +116,60 @@ for role in siw-server siw-client; do
 	scenario "v1-crc-asked-by-softrnic-$role" "$role" "mpa_version=1" "" on
 done
 
-# perftest -R: ib_write_bw and ib_read_bw (4096 B, 50 iterations) against
-# softrnic-perf --perftest, both roles. The guest's ib_send_bw runs between
-# them: softrnic-perf does not speak it yet and leaves at once (siw's own
-# ib_send_bw crashes against siw in this Debian build).
+# perftest -R against softrnic-perf --perftest, both roles: the guest runs
+# ib_write_bw, ib_send_bw, ib_read_bw, ib_read_lat and ib_write_lat one after
+# the other (4096 B, 50 iterations). softrnic-perf speaks write_bw, read_bw
+# and read_lat; for the other two it leaves at once (as client) or does not
+# listen (as server). ib_write_lat's server writes first, which RFC 5044
+# forbids an MPA responder.
+PT_TESTS="write_bw send_bw read_bw read_lat write_lat"
+PT_SPOKEN="write_bw read_bw read_lat"
 perftest_scenario() {
 	local role=$1 name="perftest-$1" ok=PASS
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
 	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.perf"
-	tcpdump -i lo -w "$pcap" -U --immediate-mode -s 0 "tcp portrange 28515-28517" 2> "$work/$name.tcpdump" &
+	tcpdump -i lo -w "$pcap" -U --immediate-mode -s 0 "tcp portrange 28515-28519" 2> "$work/$name.tcpdump" &
 	local tpid=$!
 	for _ in $(seq 100); do grep -q listening "$work/$name.tcpdump" && break; sleep 0.05; done
 	: > "$plog"
+	local i=0 t
 	if [ "$role" = siw-server ]; then
-		bash "$GUEST/run.sh" --mode wbw-server --hostfwd 28515:18515 --hostfwd 28516:18516 --hostfwd 28517:18517 --timeout 150 > "$log" 2>&1 &
+		local fwd=()
+		for p in 18515 18516 18517 18518 18519; do fwd+=(--hostfwd "$((p + 10000)):$p"); done
+		bash "$GUEST/run.sh" --mode perf-server "${fwd[@]}" --size 4096 --iters 50 --timeout 170 > "$log" 2>&1 &
 		local gpid=$!
-		for t in write_bw send_bw read_bw; do
-			local p=$((28515 + $(echo "write_bw send_bw read_bw" | tr ' ' '\n' | grep -n "^$t\$" | cut -d: -f1) - 1))
+		for t in $PT_TESTS; do
 			for _ in $(seq 120); do grep -q "ib_$t listening" "$log" && break; sleep 0.5; done
-			if timeout 60 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 --socket "$work/d.sock" "127.0.0.1:$p" >> "$plog" 2>&1; then
-				[ "$t" != send_bw ] || ok=FAIL
+			if timeout 60 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 --socket "$work/d.sock" "127.0.0.1:$((28515 + i))" >> "$plog" 2>&1; then
+				[[ " $PT_SPOKEN " == *" $t "* ]] || ok=FAIL
 			else
-				[ "$t" = send_bw ] || ok=FAIL
+				[[ " $PT_SPOKEN " != *" $t "* ]] || ok=FAIL
 			fi
+			i=$((i + 1))
 		done
 		wait "$gpid"
 	else
-		local spids=()
-		for t in write_bw read_bw; do
-			local p=28515
-			[ "$t" = read_bw ] && p=28517
-			timeout 150 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 -p "$p" --socket "$work/d.sock" >> "$plog" 2>&1 &
-			spids+=($!)
+		local spids=() fwd=()
+		for t in $PT_TESTS; do
+			if [[ " $PT_SPOKEN " == *" $t "* ]]; then
+				timeout 170 "$work/softrnic-perf" "$t" --perftest -s 4096 -n 50 -p "$((28515 + i))" --socket "$work/d.sock" >> "$plog" 2>&1 &
+				spids+=($!)
+				fwd+=(--guestfwd "10.0.2.100:$((18515 + i))-$((28515 + i))")
+			fi
+			i=$((i + 1))
 		done
 		sleep 0.5
-		bash "$GUEST/run.sh" --mode wbw-client --guestfwd 10.0.2.100:18515-28515 --guestfwd 10.0.2.100:18517-28517 --peer 10.0.2.100 --timeout 150 > "$log" 2>&1
+		bash "$GUEST/run.sh" --mode perf-client "${fwd[@]}" --peer 10.0.2.100 --size 4096 --iters 50 --timeout 170 > "$log" 2>&1
 		for p in "${spids[@]}"; do wait "$p" || ok=FAIL; done
 	fi
-	grep -q "ib_write_bw rc=0" "$log" || ok=FAIL
-	grep -q "ib_read_bw rc=0" "$log" || ok=FAIL
+	for t in $PT_SPOKEN; do grep -q "ib_$t rc=0" "$log" || ok=FAIL; done
 	sleep 0.5
 	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
 	local detail
 	detail=$(check_capture "$pcap" on lenient) || ok=FAIL
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name write+read" "$role" on "$detail")")
+	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name wbw+rbw+rlat" "$role" on "$detail")")
 	echo "${results[-1]}"
-	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -8 "$plog"; }
+	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -12; echo "---- $plog"; tail -12 "$plog"; }
 }
 echo "== perftest -R: softrnic-perf against Linux siw"
 go build -o "$work/" ./cmd/softrnic-perf || exit 1

@@ -105,10 +105,12 @@ func dest(outReads, qpn uint32, rkey uint32, vaddr uint64) []byte {
 
 // runPerftest runs --perftest mode; the EP p.ep is the measured QP.
 func runPerftest(ctx context.Context, o *opts) error {
-	supported := o.testNumber == tests["write_bw"] || o.testNumber == tests["read_bw"]
+	// write_lat is left out on purpose: perftest's server (the MPA
+	// responder) writes first, which RFC 5044 §7.1.2 forbids a responder.
+	supported := o.testNumber == tests["write_bw"] || o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"]
 	server := o.server == ""
 	if !supported && server {
-		return fmt.Errorf("--perftest supports write_bw and read_bw")
+		return fmt.Errorf("--perftest supports write_bw, read_bw and read_lat")
 	}
 	p, err := setup(ctx, o)
 	if err != nil {
@@ -128,7 +130,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		}
 	}
 	reads := uint32(1)
-	if o.testNumber == tests["read_bw"] {
+	if o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"] {
 		reads = 32 // the measured EP's IRD/ORD
 	}
 	var psp *client.PSP
@@ -162,7 +164,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		// A client for a test we do not speak yet: leave at once, which
 		// also ends the perftest server's wait for its client.
 		_ = ctlEP.Disconnect(false)
-		return fmt.Errorf("%s: not supported with --perftest yet (write_bw, read_bw); left the server (version %q)", o.test, string(trimNUL(peerVer)))
+		return fmt.Errorf("%s: not supported with --perftest yet (write_bw, read_bw, read_lat); left the server (version %q)", o.test, string(trimNUL(peerVer)))
 	}
 	if versionAtLeast(peerVer, 5.32) {
 		for _, v := range []uint32{ptCycle, ptCacheLine} {
@@ -196,7 +198,13 @@ func runPerftest(ctx context.Context, o *opts) error {
 	}
 	mine := dest(reads, p.ep.Handle(), p.lmr.Context, p.lmr.Address(0))
 	var theirs []byte
-	for i := 0; i < 3; i++ {
+	// Bandwidth tests exchange the destination three times more, latency
+	// tests four (as captured between two siw guests).
+	real := 3
+	if o.isLatency {
+		real = 4
+	}
+	for i := 0; i < real; i++ {
 		if theirs, err = c.xchg(ctx, server, mine); err != nil {
 			return err
 		}
@@ -212,9 +220,19 @@ func runPerftest(ctx context.Context, o *opts) error {
 		if !o.jsonOut {
 			header(o)
 		}
-		if r, err = p.bandwidth(ctx, o.size, Result{Test: o.test, Bytes: o.size, Iterations: o.iters}); err != nil {
+		base := Result{Test: o.test, Bytes: o.size, Iterations: o.iters}
+		if o.isLatency {
+			r, err = p.latency(ctx, o.size, base)
+		} else {
+			r, err = p.bandwidth(ctx, o.size, base)
+		}
+		if err != nil {
 			return err
 		}
+	}
+	if o.isLatency {
+		// Latency tests end with one closing exchange and no reports.
+		return finishPerftest(ctx, c, p, server, mine, &r)
 	}
 	if _, err := c.xchg(ctx, server, mine); err != nil {
 		return err
@@ -234,14 +252,22 @@ func runPerftest(ctx context.Context, o *opts) error {
 			fmt.Printf(" peer reports %.6f Mpps\n", math.Float64frombits(binary.BigEndian.Uint64(got)))
 		}
 	}
+	return finishPerftest(ctx, c, p, server, mine, &r)
+}
+
+// finishPerftest makes the closing exchange, prints the result and ends
+// the measured connection as perftest does: its server disconnects, and
+// both wait for the disconnect.
+func finishPerftest(ctx context.Context, c *ptCtl, p *peer, server bool, mine []byte, r *Result) error {
+	o := p.o
 	if _, err := c.xchg(ctx, server, mine); err != nil {
 		return err
 	}
 	if !server {
 		if o.jsonOut {
-			_ = json.NewEncoder(os.Stdout).Encode([]Result{r})
+			_ = json.NewEncoder(os.Stdout).Encode([]Result{*r})
 		} else {
-			line(o, &r)
+			line(o, r)
 		}
 	}
 	// The perftest server closes the measured connection; both wait for
