@@ -91,6 +91,11 @@ type QP struct {
 	abort   bool
 	finSent bool
 	heard   atomic.Bool // the receive loop has read something
+	// writing is set while the transmit loop has FPDUs in conn.Write that
+	// the engine has not yet been told were sent; wrote is signalled when
+	// it clears. See llpClosed.
+	writing bool
+	wrote   chan struct{}
 
 	events chan ConnEvent
 	txWake chan struct{}
@@ -120,7 +125,8 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 		return nil, fmt.Errorf("create QP: %w", ErrResources)
 	}
 	d.qpn++
-	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8), txWake: make(chan struct{}, 1)}
+	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8), txWake: make(chan struct{}, 1),
+		wrote: make(chan struct{}, 1)}
 	d.qps[q.qpn] = q
 	d.mu.Unlock()
 	eng, err := qp.New(qp.Config{QPN: q.qpn, PD: pd.id, SQDepth: attr.SQDepth, RQDepth: attr.RQDepth,
@@ -330,16 +336,46 @@ func (q *QP) rxLoop() {
 			q.wake()
 		}
 		if err != nil {
-			q.mu.Lock()
 			if errors.Is(err, io.EOF) {
-				q.eng.LLPClosed(nil)
+				q.llpClosed(nil)
 			} else {
-				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+				q.llpClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
 			}
-			q.mu.Unlock()
 			q.wake()
 			return
 		}
+	}
+}
+
+// llpClosed tells the engine the stream ended, once the transmit loop has
+// reported what it was writing: a peer can take our last Send, answer and
+// close before conn.Write returns, and that Send must complete, not be
+// flushed. It waits at most closeTimeout for a write the peer is not
+// reading.
+func (q *QP) llpClosed(err error) {
+	deadline := time.After(closeTimeout)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for q.writing {
+		q.mu.Unlock()
+		select {
+		case <-q.wrote:
+		case <-deadline:
+			q.mu.Lock()
+			q.eng.LLPClosed(err)
+			return
+		}
+		q.mu.Lock()
+	}
+	q.eng.LLPClosed(err)
+}
+
+// wroteDone ends a write begun in txLoop; q.mu is held.
+func (q *QP) wroteDone() {
+	q.writing = false
+	select {
+	case q.wrote <- struct{}{}:
+	default:
 	}
 }
 
@@ -351,10 +387,12 @@ func (q *QP) txLoop() {
 		q.mu.Lock()
 		n := q.eng.Transmit(buf)
 		ended, drained, abort := q.eng.Ended(), q.eng.Drained(), q.abort
+		q.writing = n > 0
 		q.mu.Unlock()
 		if n > 0 {
 			if _, err := q.conn.Write(buf[:n]); err != nil {
 				q.mu.Lock()
+				q.wroteDone()
 				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
 				q.mu.Unlock()
 				q.abortConn()
@@ -363,6 +401,7 @@ func (q *QP) txLoop() {
 			q.mu.Lock()
 			q.sentTot += uint64(n)
 			q.eng.Sent(q.sentTot)
+			q.wroteDone()
 			q.mu.Unlock()
 			continue
 		}
