@@ -118,12 +118,12 @@ done
 
 # perftest -R against softrnic-perf --perftest, both roles: the guest runs
 # ib_write_bw, ib_send_bw, ib_read_bw, ib_read_lat and ib_write_lat one after
-# the other (4096 B, 50 iterations). softrnic-perf speaks write_bw, read_bw
-# and read_lat; for the other two it leaves at once (as client) or does not
-# listen (as server). ib_write_lat's server writes first, which RFC 5044
-# forbids an MPA responder.
+# the other (4096 B, 50 iterations). softrnic-perf speaks write_bw, send_bw
+# (with perftest's iWARP credits), read_bw and read_lat; for ib_write_lat it
+# leaves at once (as client) or does not listen (as server): its server
+# writes first, which RFC 5044 forbids an MPA responder.
 PT_TESTS="write_bw send_bw read_bw read_lat write_lat"
-PT_SPOKEN="write_bw read_bw read_lat"
+PT_SPOKEN="write_bw send_bw read_bw read_lat"
 perftest_scenario() {
 	local role=$1 name="perftest-$1" ok=PASS
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
@@ -167,7 +167,7 @@ perftest_scenario() {
 	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
 	local detail
 	detail=$(check_capture "$pcap" on lenient) || ok=FAIL
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name wbw+rbw+rlat" "$role" on "$detail")")
+	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name wbw+sbw+rbw+rlat" "$role" on "$detail")")
 	echo "${results[-1]}"
 	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -12; echo "---- $plog"; tail -12 "$plog"; }
 }

@@ -171,6 +171,9 @@ func setup(ctx context.Context, o *opts) (*peer, error) {
 		return nil, err
 	}
 	depth := max(o.depth, 64)
+	if o.perftest {
+		depth = max(depth, 512/4) // room for perftest send_bw's receive depth
+	}
 	o.depth = min(o.depth, depth)
 	for _, e := range []struct {
 		p     **client.EVD
@@ -284,9 +287,15 @@ func runServer(ctx context.Context, o *opts) error {
 	}
 }
 
-// recvSlot is where receive i lands: 64 slots if the buffer holds them.
+// recvSlot is where receive i lands: 64 slots if the data area holds
+// them. In --perftest mode the control area and credit word at the end of
+// the buffer are not data area: a Send must never land on them.
 func (p *peer) recvSlot(i int) uint64 {
-	if p.o.size*64 > p.o.bufSize {
+	data := p.o.bufSize
+	if p.o.perftest {
+		data -= 3*ptCtlBuf + ptCacheLine
+	}
+	if p.o.size*64 > data {
 		return 0
 	}
 	return uint64(i%64) * uint64(p.o.size)

@@ -21,7 +21,9 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
@@ -39,7 +41,9 @@ const (
 type ptCtl struct {
 	p       *peer
 	ep      *client.EP
-	recvOff uint64 // two receive slots
+	sends   *client.EVD // the control QP's own queues: its messages
+	recvs   *client.EVD // race the measured QP's and must not mix
+	recvOff uint64      // two receive slots
 	sendOff uint64
 	cookie  uint64
 }
@@ -54,12 +58,12 @@ func (c *ptCtl) send(ctx context.Context, b []byte) error {
 	if err := c.ep.PostSend(c.cookie, []client.Segment{{LMR: c.p.lmr, Offset: c.sendOff, Length: uint32(len(b))}}, client.Signaled); err != nil {
 		return err
 	}
-	_, err := reap(ctx, c.p.sends)
+	_, err := reap(ctx, c.sends)
 	return err
 }
 
 func (c *ptCtl) recv(ctx context.Context) ([]byte, error) {
-	ev, err := c.p.recvs.Wait(ctx)
+	ev, err := c.recvs.Wait(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -107,23 +111,31 @@ func dest(outReads, qpn uint32, rkey uint32, vaddr uint64) []byte {
 func runPerftest(ctx context.Context, o *opts) error {
 	// write_lat is left out on purpose: perftest's server (the MPA
 	// responder) writes first, which RFC 5044 §7.1.2 forbids a responder.
-	supported := o.testNumber == tests["write_bw"] || o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"]
+	supported := o.testNumber == tests["write_bw"] || o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"] ||
+		o.testNumber == tests["send_bw"]
 	server := o.server == ""
 	if !supported && server {
-		return fmt.Errorf("--perftest supports write_bw, read_bw and read_lat")
+		return fmt.Errorf("--perftest supports write_bw, read_bw, send_bw and read_lat")
 	}
 	p, err := setup(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer p.ia.Close()
-	// The control QP: no RDMA Reads, two receives.
-	ctlEP, err := p.ia.CreateEP(client.EPAttr{PZ: p.pz, RecvEVD: p.recvs, RequestEVD: p.sends, ConnectEVD: p.conn,
+	// The control QP: no RDMA Reads, two receives, its own event queues
+	// (its closing message can overtake the last measured Send).
+	c := &ptCtl{p: p, recvOff: uint64(o.bufSize) - 3*ptCtlBuf, sendOff: uint64(o.bufSize) - ptCtlBuf}
+	for _, e := range []**client.EVD{&c.sends, &c.recvs} {
+		if *e, err = p.ia.CreateEVD(client.EVDOptions{Depth: 8, Kind: client.DTOEvents}); err != nil {
+			return err
+		}
+	}
+	ctlEP, err := p.ia.CreateEP(client.EPAttr{PZ: p.pz, RecvEVD: c.recvs, RequestEVD: c.sends, ConnectEVD: p.conn,
 		SQDepth: 4, RQDepth: 4, NoCRC: o.noCRC})
 	if err != nil {
 		return err
 	}
-	c := &ptCtl{p: p, ep: ctlEP, recvOff: uint64(o.bufSize) - 3*ptCtlBuf, sendOff: uint64(o.bufSize) - ptCtlBuf}
+	c.ep = ctlEP
 	for i := 0; i < 2; i++ {
 		if err := c.postRecv(i); err != nil {
 			return err
@@ -164,7 +176,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		// A client for a test we do not speak yet: leave at once, which
 		// also ends the perftest server's wait for its client.
 		_ = ctlEP.Disconnect(false)
-		return fmt.Errorf("%s: not supported with --perftest yet (write_bw, read_bw, read_lat); left the server (version %q)", o.test, string(trimNUL(peerVer)))
+		return fmt.Errorf("%s: not supported with --perftest yet (write_bw, read_bw, send_bw, read_lat); left the server (version %q)", o.test, string(trimNUL(peerVer)))
 	}
 	if versionAtLeast(peerVer, 5.32) {
 		for _, v := range []uint32{ptCycle, ptCacheLine} {
@@ -197,11 +209,25 @@ func runPerftest(ctx context.Context, o *opts) error {
 		return err
 	}
 	mine := dest(reads, p.ep.Handle(), p.lmr.Context, p.lmr.Address(0))
+	isSend := o.testNumber == tests["send_bw"]
+	if isSend {
+		// On iWARP, perftest's send_bw advertises a credit word rather
+		// than the data buffer; the server RDMA-writes its receive count
+		// there (little-endian).
+		mine = dest(reads, p.ep.Handle(), p.lmr.Context, p.lmr.Address(c.creditOff()))
+		if server {
+			for i := 0; i < ptRxDepth(o); i++ {
+				if err := p.postRecv(i); err != nil {
+					return err
+				}
+			}
+		}
+	}
 	var theirs []byte
 	// Bandwidth tests exchange the destination three times more, latency
-	// tests four (as captured between two siw guests).
+	// tests and send_bw four (as captured between two siw guests).
 	real := 3
-	if o.isLatency {
+	if o.isLatency || isSend {
 		real = 4
 	}
 	for i := 0; i < real; i++ {
@@ -221,17 +247,26 @@ func runPerftest(ctx context.Context, o *opts) error {
 			header(o)
 		}
 		base := Result{Test: o.test, Bytes: o.size, Iterations: o.iters}
-		if o.isLatency {
+		switch {
+		case isSend:
+			r, err = p.perftestSends(ctx, c, base)
+		case o.isLatency:
 			r, err = p.latency(ctx, o.size, base)
-		} else {
+		default:
 			r, err = p.bandwidth(ctx, o.size, base)
 		}
 		if err != nil {
 			return err
 		}
 	}
-	if o.isLatency {
-		// Latency tests end with one closing exchange and no reports.
+	if server && isSend {
+		if err := p.perftestReceive(ctx); err != nil {
+			return err
+		}
+	}
+	if o.isLatency || isSend {
+		// Latency tests and send_bw end with one closing exchange and
+		// no reports.
 		return finishPerftest(ctx, c, p, server, mine, &r)
 	}
 	if _, err := c.xchg(ctx, server, mine); err != nil {
@@ -344,4 +379,81 @@ func trimNUL(b []byte) []byte {
 		}
 	}
 	return b
+}
+
+// ptRxDepth is perftest's receive depth for send_bw: 512, at most the
+// iterations, rounded up to even.
+func ptRxDepth(o *opts) int {
+	d := min(512, o.iters)
+	return d + d%2
+}
+
+// creditOff is where the credit word lives: just before the control area.
+func (c *ptCtl) creditOff() uint64 { return c.recvOff - 64 }
+
+// perftestSends is send_bw's client: Sends, never more than the receive
+// depth beyond what the server's credit says it has taken.
+func (p *peer) perftestSends(ctx context.Context, c *ptCtl, r Result) (Result, error) {
+	o := p.o
+	depth := ptRxDepth(o)
+	credit := (*uint32)(unsafe.Pointer(&p.buf.Bytes[c.creditOff()]))
+	start := time.Now()
+	posted, done := 0, 0
+	for done < o.iters {
+		for posted < o.iters && posted-done < o.depth && posted+1-int(atomic.LoadUint32(credit)) < depth {
+			if err := p.ep.PostSend(uint64(posted), []client.Segment{{LMR: p.lmr, Length: uint32(o.size)}}, client.Signaled); err != nil {
+				return r, err
+			}
+			posted++
+		}
+		if posted == done {
+			// Waiting for credit only: the server's Write has no event.
+			time.Sleep(10 * time.Microsecond)
+			continue
+		}
+		if _, err := reap(ctx, p.sends); err != nil {
+			return r, err
+		}
+		done++
+	}
+	el := time.Since(start).Seconds()
+	r.BWAvgMBps = float64(done*o.size) / el / 1e6
+	r.BWPeakMBps = r.BWAvgMBps
+	r.MsgRateMpps = float64(done) / el / 1e6
+	return r, nil
+}
+
+// perftestReceive is send_bw's server: take iters Sends, reposting, and
+// write the count to the client's credit word every third of the depth.
+func (p *peer) perftestReceive(ctx context.Context) error {
+	o := p.o
+	depth := ptRxDepth(o)
+	step := max(1, depth/3)
+	var count [8]byte
+	for n := 1; n <= o.iters; n++ {
+		ev, err := p.recvs.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		if ev.Status != completion.Success {
+			return fmt.Errorf("receive %d: %v", n, ev.Status)
+		}
+		if n+depth <= o.iters {
+			if err := p.postRecv(n + depth); err != nil {
+				return err
+			}
+		}
+		if n%step == 0 || n == o.iters {
+			binary.LittleEndian.PutUint32(count[:], uint32(n))
+			off := uint64(o.bufSize - 8)
+			copy(p.buf.Bytes[off:], count[:4])
+			if err := p.ep.PostWrite(uint64(1<<40+n), []client.Segment{{LMR: p.lmr, Offset: off, Length: 4}}, p.remote, client.Signaled); err != nil {
+				return err
+			}
+			if _, err := reap(ctx, p.sends); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
