@@ -31,6 +31,9 @@ import (
 	"github.com/softrnic/softrnic/completion"
 )
 
+// maxQPs bounds -q: each queue pair is a connection with its own queues.
+const maxQPs = 64
+
 var tests = map[string]int{"write_bw": 1, "write_lat": 2, "read_bw": 3, "read_lat": 4, "send_bw": 5, "send_lat": 6, "atomic_lat": 7}
 
 type opts struct {
@@ -89,7 +92,7 @@ func main() {
 	fs.BoolVar(&o.all, "a", false, "all sizes 2 B .. 8 MiB")
 	fs.IntVar(&o.iters, "n", 0, "iterations (default 5000 for bandwidth, 1000 for latency)")
 	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n")
-	fs.IntVar(&o.qps, "q", 1, "queue pairs (only 1 is supported yet)")
+	fs.IntVar(&o.qps, "q", 1, "queue pairs, each with -n iterations (bandwidth tests)")
 	fs.IntVar(&o.port, "p", 18515, "port")
 	fs.IntVar(&o.depth, "t", 128, "queue depth (outstanding requests)")
 	fs.BoolVar(&o.gbits, "report_gbits", false, "report bandwidth in Gb/s")
@@ -100,8 +103,12 @@ func main() {
 	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
 	_ = fs.Parse(os.Args[2:])
-	if fs.NArg() > 1 || o.qps != 1 || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
-		fmt.Fprintln(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1, -s 1..8388608, -t >= 1)")
+	if fs.NArg() > 1 || o.qps < 1 || o.qps > maxQPs || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
+		fmt.Fprintf(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1..%d, -s 1..8388608, -t >= 1)\n", maxQPs)
+		os.Exit(2)
+	}
+	if o.qps > 1 && (o.isLatency || o.perftest) {
+		fmt.Fprintln(os.Stderr, "softrnic-perf: -q above 1 is for the bandwidth tests, without --perftest")
 		os.Exit(2)
 	}
 	if o.testNumber == tests["atomic_lat"] {
@@ -170,23 +177,35 @@ func setup(ctx context.Context, o *opts) (*peer, error) {
 	if p.lmr, err = pz.RegisterLMR(p.buf, client.LocalWrite|client.RemoteWrite|client.RemoteRead|client.RemoteAtomic); err != nil {
 		return nil, err
 	}
+	return p, p.createEP()
+}
+
+// another is one more queue pair for -q: the same IA, PZ and buffer, its
+// own event queues and EP.
+func (p *peer) another() (*peer, error) {
+	q := &peer{o: p.o, ia: p.ia, pz: p.pz, buf: p.buf, lmr: p.lmr}
+	return q, q.createEP()
+}
+
+func (p *peer) createEP() error {
+	o := p.o
 	depth := max(o.depth, 64)
 	if o.perftest {
 		depth = max(depth, 512/4) // room for perftest send_bw's receive depth
 	}
-	o.depth = min(o.depth, depth)
+	var err error
 	for _, e := range []struct {
 		p     **client.EVD
 		kind  client.EVDKind
 		depth int
 	}{{&p.sends, client.DTOEvents, 4 * depth}, {&p.recvs, client.DTOEvents, 4 * depth}, {&p.conn, client.ConnectionEvents, 8}, {&p.reqs, client.CREvents, 8}} {
-		if *e.p, err = ia.CreateEVD(client.EVDOptions{Depth: e.depth, Kind: e.kind}); err != nil {
-			return nil, err
+		if *e.p, err = p.ia.CreateEVD(client.EVDOptions{Depth: e.depth, Kind: e.kind}); err != nil {
+			return err
 		}
 	}
-	p.ep, err = ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: p.recvs, RequestEVD: p.sends, ConnectEVD: p.conn,
+	p.ep, err = p.ia.CreateEP(client.EPAttr{PZ: p.pz, RecvEVD: p.recvs, RequestEVD: p.sends, ConnectEVD: p.conn,
 		SQDepth: 2 * depth, RQDepth: 4 * depth, IRD: 32, ORD: 32, NoCRC: o.noCRC})
-	return p, err
+	return err
 }
 
 func (p *peer) waitConn(ctx context.Context) (client.ConnEvent, error) {
@@ -202,11 +221,13 @@ func reap(ctx context.Context, e *client.EVD) (client.Event, error) {
 	return ev, err
 }
 
-// The client's request names the test and sizes and advertises its own
-// buffer (for write_lat); the server's accept advertises the server's.
+// The client's request names the test, its queue pair count and sizes and
+// advertises its own buffer (for write_lat); the server's accept
+// advertises the server's.
 func request(o *opts, p *peer) []byte {
 	b := make([]byte, 28)
 	b[0] = byte(o.testNumber)
+	b[1] = byte(o.qps)
 	binary.BigEndian.PutUint32(b[4:], uint32(o.bufSize))
 	binary.BigEndian.PutUint32(b[8:], uint32(o.iters))
 	binary.BigEndian.PutUint32(b[12:], uint32(o.size))
@@ -227,6 +248,28 @@ func runServer(ctx context.Context, o *opts) error {
 	if !o.jsonOut {
 		fmt.Printf("************************************\n* Waiting for client to connect... *\n************************************\n")
 	}
+	fillPattern(p.buf.Bytes, 0)
+	// With -q the client makes that many connections to the one port; the
+	// queue pairs share the buffer and are served side by side.
+	qps := []*peer{p}
+	for i := 0; i < o.qps; i++ {
+		q := p
+		if i > 0 {
+			if q, err = p.another(); err != nil {
+				return err
+			}
+			qps = append(qps, q)
+		}
+		if err := p.acceptInto(ctx, q); err != nil {
+			return err
+		}
+	}
+	return eachQP(ctx, qps, func(ctx context.Context, _ int, q *peer) error { return q.serve(ctx) })
+}
+
+// acceptInto takes the next connection request from p's PSP onto q.
+func (p *peer) acceptInto(ctx context.Context, q *peer) error {
+	o := p.o
 	ev, err := p.reqs.Wait(ctx)
 	if err != nil {
 		return err
@@ -239,34 +282,42 @@ func runServer(ctx context.Context, o *opts) error {
 		_ = ev.CR.Reject([]byte("test mismatch"))
 		return fmt.Errorf("client asked for a different test")
 	}
+	if n := int(info.PrivateData[1]); n != o.qps {
+		_ = ev.CR.Reject([]byte("queue pair count mismatch"))
+		return fmt.Errorf("the client runs -q %d: run the server with -q %d", n, n)
+	}
 	if need := int(binary.BigEndian.Uint32(info.PrivateData[4:])); need > o.bufSize {
 		_ = ev.CR.Reject([]byte("buffer too small"))
 		return fmt.Errorf("client needs a %d-octet buffer: run the server with the same -s or -a", need)
 	}
 	o.size = int(binary.BigEndian.Uint32(info.PrivateData[12:]))
-	p.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData[16:]), Address: binary.BigEndian.Uint64(info.PrivateData[20:])}
-	fillPattern(p.buf.Bytes, 0)
+	q.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData[16:]), Address: binary.BigEndian.Uint64(info.PrivateData[20:])}
 	// Receives for send tests, posted before accepting.
 	if o.testNumber == tests["send_bw"] || o.testNumber == tests["send_lat"] {
 		// iWARP has no RNR retry: a Send that finds no buffer ends the
 		// connection. Four windows of receives, reposted as they fill.
 		for i := 0; i < 4*o.depth; i++ {
-			if err := p.postRecv(i); err != nil {
+			if err := q.postRecv(i); err != nil {
 				return err
 			}
 		}
 	}
 	var adv [16]byte
-	binary.BigEndian.PutUint32(adv[0:], p.lmr.Context)
-	binary.BigEndian.PutUint64(adv[4:], p.lmr.Address(0))
+	binary.BigEndian.PutUint32(adv[0:], q.lmr.Context)
+	binary.BigEndian.PutUint64(adv[4:], q.lmr.Address(0))
 	binary.BigEndian.PutUint32(adv[12:], uint32(o.bufSize))
-	if err := ev.CR.Accept(p.ep, adv[:]); err != nil {
+	if err := ev.CR.Accept(q.ep, adv[:]); err != nil {
 		return err
 	}
-	if c, err := p.waitConn(ctx); err != nil || c != client.Established {
+	if c, err := q.waitConn(ctx); err != nil || c != client.Established {
 		return fmt.Errorf("accept: %v %v", c, err)
 	}
-	switch o.testNumber {
+	return nil
+}
+
+// serve is the server's part of the test on one connection.
+func (p *peer) serve(ctx context.Context) error {
+	switch p.o.testNumber {
 	case tests["send_bw"]:
 		return p.serveSends(ctx, false)
 	case tests["send_lat"]:
@@ -285,6 +336,25 @@ func runServer(ctx context.Context, o *opts) error {
 			return nil
 		}
 	}
+}
+
+// eachQP runs f for every queue pair at once and returns the first error;
+// an error cancels the others' context, so none waits on a dead test.
+func eachQP(ctx context.Context, qps []*peer, f func(context.Context, int, *peer) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, len(qps))
+	for i, q := range qps {
+		go func() { errs <- f(ctx, i, q) }()
+	}
+	var first error
+	for range qps {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+			cancel()
+		}
+	}
+	return first
 }
 
 // recvSlot is where receive i lands: 64 slots if the data area holds
@@ -392,22 +462,21 @@ func runClient(ctx context.Context, o *opts) error {
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		addr = net.JoinHostPort(addr, strconv.Itoa(o.port))
 	}
-	if err := p.ep.Connect(addr, request(o, p), 10*time.Second); err != nil {
-		return err
-	}
-	if c, err := p.waitConn(ctx); err != nil || c != client.Established {
-		return fmt.Errorf("connect to %s: %v %v", addr, c, err)
-	}
-	info, err := p.ep.Query()
-	if err != nil {
-		return err
-	}
-	if len(info.PrivateData) != 16 {
-		return errors.New("server did not advertise a buffer")
-	}
-	p.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData), Address: binary.BigEndian.Uint64(info.PrivateData[4:])}
-	p.remoteSize = int(binary.BigEndian.Uint32(info.PrivateData[12:]))
 	fillPattern(p.buf.Bytes, 0)
+	qps := []*peer{p}
+	for i := 1; i < o.qps; i++ {
+		q, err := p.another()
+		if err != nil {
+			return err
+		}
+		qps = append(qps, q)
+	}
+	// One at a time: the server takes the requests in order.
+	for _, q := range qps {
+		if err := q.connect(ctx, addr); err != nil {
+			return err
+		}
+	}
 
 	sizes := []int{o.size}
 	if o.all {
@@ -424,7 +493,7 @@ func runClient(ctx context.Context, o *opts) error {
 		if size > p.remoteSize/2 && size > p.remoteSize {
 			return fmt.Errorf("server buffer of %d octets too small for %d", p.remoteSize, size)
 		}
-		r, err := p.run(ctx, size)
+		r, err := runQPs(ctx, qps, size)
 		if err != nil {
 			return err
 		}
@@ -440,9 +509,67 @@ func runClient(ctx context.Context, o *opts) error {
 	} else {
 		fmt.Println(strings.Repeat("-", 87))
 	}
-	_ = p.ep.Disconnect(true)
-	_, _ = p.waitConn(ctx)
+	for _, q := range qps {
+		_ = q.ep.Disconnect(true)
+	}
+	for _, q := range qps {
+		_, _ = q.waitConn(ctx)
+	}
 	return nil
+}
+
+// connect makes p's connection and learns the server's buffer.
+func (p *peer) connect(ctx context.Context, addr string) error {
+	if err := p.ep.Connect(addr, request(p.o, p), 10*time.Second); err != nil {
+		return err
+	}
+	c, err := p.waitConn(ctx)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", addr, err)
+	}
+	if c == client.PeerRejected {
+		return fmt.Errorf("connect to %s: the server refused (another test, -q or a smaller -s than ours? its output says which)", addr)
+	}
+	if c != client.Established {
+		return fmt.Errorf("connect to %s: %v", addr, c)
+	}
+	info, err := p.ep.Query()
+	if err != nil {
+		return err
+	}
+	if len(info.PrivateData) != 16 {
+		return errors.New("server did not advertise a buffer")
+	}
+	p.remote = client.RemoteBuffer{Context: binary.BigEndian.Uint32(info.PrivateData), Address: binary.BigEndian.Uint64(info.PrivateData[4:])}
+	p.remoteSize = int(binary.BigEndian.Uint32(info.PrivateData[12:]))
+	return nil
+}
+
+// runQPs runs one size on every queue pair at once. As perftest reports
+// -q, average bandwidth and message rate are the sums over the queue pairs
+// and the iterations are per queue pair; verification must hold on each.
+// Per-pair peaks need not coincide, so the peak is the larger of the
+// summed average and the best single pair's peak, never their sum.
+func runQPs(ctx context.Context, qps []*peer, size int) (Result, error) {
+	if len(qps) == 1 {
+		return qps[0].run(ctx, size)
+	}
+	rs := make([]Result, len(qps))
+	err := eachQP(ctx, qps, func(ctx context.Context, i int, q *peer) error {
+		var err error
+		rs[i], err = q.run(ctx, size)
+		return err
+	})
+	sum := rs[0]
+	for _, r := range rs[1:] {
+		sum.BWPeakMBps = max(sum.BWPeakMBps, r.BWPeakMBps)
+		sum.BWAvgMBps += r.BWAvgMBps
+		sum.MsgRateMpps += r.MsgRateMpps
+		sum.Iterations = min(sum.Iterations, r.Iterations)
+		sum.Verified = sum.Verified && r.Verified
+	}
+	sum.BWPeakMBps = max(sum.BWPeakMBps, sum.BWAvgMBps)
+	return sum, err
 }
 
 func (p *peer) run(ctx context.Context, size int) (Result, error) {
@@ -497,6 +624,8 @@ func (p *peer) bandwidth(ctx context.Context, size int, r Result) (Result, error
 		iters = math.MaxInt32
 		deadline = time.Now().Add(o.duration)
 	}
+	pr := newProgress(fmt.Sprintf("%s %d B", o.test, size), o.iters, o.duration)
+	defer pr.end()
 	start := time.Now()
 	winStart, winDone, peak := start, 0, 0.0
 	posted, done := 0, 0
@@ -539,6 +668,7 @@ func (p *peer) bandwidth(ctx context.Context, size int, r Result) (Result, error
 			return r, err
 		}
 		done++
+		pr.update(done)
 		if done-winDone >= depth {
 			if d := time.Since(winStart).Seconds(); d > 0 {
 				peak = max(peak, float64((done-winDone)*size)/d)
@@ -606,6 +736,8 @@ func bytesEqualPattern(p *peer, ctx context.Context, size int) (bool, error) {
 func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) {
 	o := p.o
 	samples := make([]time.Duration, 0, o.iters)
+	pr := newProgress(fmt.Sprintf("%s %d B", o.test, size), o.iters, 0)
+	defer pr.end()
 	last := (*uint8)(unsafe.Pointer(&p.buf.Bytes[size-1]))
 	if o.testNumber == tests["send_lat"] {
 		for i := 0; i < 2; i++ {
@@ -653,6 +785,7 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 			return r, err
 		}
 		samples = append(samples, time.Since(t0))
+		pr.update(i + 1)
 	}
 	slices.Sort(samples)
 	us := func(d time.Duration) float64 { return float64(d) / 1e3 }

@@ -34,7 +34,8 @@ func perf(args string) *exec.Cmd {
 }
 
 // TestEveryTest runs each test, server and client as separate processes
-// through one daemon, with --verify and --json.
+// through one daemon, with --verify and --json; the bandwidth tests also
+// with -q (server and client each wait for all the queue pairs).
 func TestEveryTest(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -46,12 +47,14 @@ func TestEveryTest(t *testing.T) {
 	for _, tc := range []struct {
 		test string
 		size int
-	}{{"write_bw", 4096}, {"read_bw", 4096}, {"send_bw", 100}, {"write_lat", 2}, {"read_lat", 8}, {"send_lat", 2}, {"atomic_lat", 8}} {
-		t.Run(tc.test, func(t *testing.T) {
+		qps  int
+	}{{"write_bw", 4096, 1}, {"read_bw", 4096, 1}, {"send_bw", 100, 1}, {"write_lat", 2, 1}, {"read_lat", 8, 1}, {"send_lat", 2, 1}, {"atomic_lat", 8, 1},
+		{"write_bw", 4096, 4}, {"read_bw", 4096, 4}, {"send_bw", 100, 3}} {
+		t.Run(fmt.Sprintf("%s/q%d", tc.test, tc.qps), func(t *testing.T) {
 			l, _ := net.Listen("tcp4", "127.0.0.1:0")
 			port := l.Addr().(*net.TCPAddr).Port
 			l.Close()
-			common := fmt.Sprintf("%s -s %d -p %d --socket %s --verify --timeout 60s", tc.test, tc.size, port, sock)
+			common := fmt.Sprintf("%s -s %d -q %d -p %d --socket %s --verify --timeout 60s", tc.test, tc.size, tc.qps, port, sock)
 			srv := perf(common)
 			out, _ := srv.StdoutPipe()
 			srv.Stderr = os.Stderr
@@ -94,6 +97,42 @@ func TestEveryTest(t *testing.T) {
 				t.Fatal("server did not finish")
 			}
 		})
+	}
+}
+
+// TestQPMismatch: a server and client with different -q refuse each other
+// with messages that say how to fix it.
+func TestQPMismatch(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go d.Serve()
+	defer d.Close()
+	l, _ := net.Listen("tcp4", "127.0.0.1:0")
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	srv := perf(fmt.Sprintf("write_bw -q 2 -p %d --socket %s --timeout 60s", port, sock))
+	out, _ := srv.StdoutPipe()
+	var srvErr strings.Builder
+	srv.Stderr = &srvErr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
+	}
+	go io.Copy(io.Discard, out)
+	cli := perf(fmt.Sprintf("write_bw -q 1 -p %d --socket %s --timeout 60s 127.0.0.1", port, sock))
+	var cliErr strings.Builder
+	cli.Stderr = &cliErr
+	if err := cli.Run(); err == nil || !strings.Contains(cliErr.String(), "the server refused") {
+		t.Fatalf("client: %v %q", err, cliErr.String())
+	}
+	if err := srv.Wait(); err == nil || !strings.Contains(srvErr.String(), "run the server with -q 1") {
+		t.Fatalf("server: %v %q", err, srvErr.String())
 	}
 }
 
