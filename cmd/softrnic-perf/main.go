@@ -31,6 +31,9 @@ import (
 	"github.com/softrnic/softrnic/completion"
 )
 
+// peakWindow is the shortest interval a peak bandwidth is measured over.
+const peakWindow = 20 * time.Millisecond
+
 // maxQPs bounds -q: each queue pair is a connection with its own queues.
 const maxQPs = 64
 
@@ -669,11 +672,15 @@ func (p *peer) bandwidth(ctx context.Context, size int, r Result) (Result, error
 		}
 		done++
 		pr.update(done)
+		// The peak is the best rate over windows of at least
+		// peakWindow: completions come from the daemon's ring in bursts,
+		// and a window of a burst alone would measure the ring, not the
+		// wire.
 		if done-winDone >= depth {
-			if d := time.Since(winStart).Seconds(); d > 0 {
-				peak = max(peak, float64((done-winDone)*size)/d)
+			if d := time.Since(winStart); d >= peakWindow {
+				peak = max(peak, float64((done-winDone)*size)/d.Seconds())
+				winStart, winDone = time.Now(), done
 			}
-			winStart, winDone = time.Now(), done
 		}
 	}
 	elapsed := time.Since(start).Seconds()
