@@ -33,17 +33,63 @@ func perf(args string) *exec.Cmd {
 	return cmd
 }
 
-// TestEveryTest runs each test, server and client as separate processes
-// through one daemon, with --verify and --json; the bandwidth tests also
-// with -q (server and client each wait for all the queue pairs).
-func TestEveryTest(t *testing.T) {
+// startDaemon runs a daemon on loopback for the test; it returns the
+// daemon's socket.
+func startDaemon(t *testing.T) string {
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	go d.Serve()
-	defer d.Close()
+	t.Cleanup(func() { d.Close() })
+	return sock
+}
+
+// freePort is a loopback TCP port that was free a moment ago.
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// startServer starts a softrnic-perf server and returns once it waits for
+// its client; the rest of its standard output arrives on the channel when
+// it closes. The server is killed when the test ends if still running.
+func startServer(t *testing.T, args string, stderr io.Writer) (*exec.Cmd, <-chan string) {
+	srv := perf(args)
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Stderr = stderr
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Process.Kill() })
+	r := bufio.NewReader(out)
+	for {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("server %q ended before waiting for its client: %v", args, err)
+		}
+		if strings.Contains(line, "Waiting for client") {
+			break
+		}
+	}
+	rest := make(chan string, 1)
+	go func() { b, _ := io.ReadAll(r); rest <- string(b) }()
+	return srv, rest
+}
+
+// TestEveryTest runs each test, server and client as separate processes
+// through one daemon, with --verify and --json; the bandwidth tests also
+// with -q (server and client each wait for all the queue pairs).
+func TestEveryTest(t *testing.T) {
+	sock := startDaemon(t)
 	for _, tc := range []struct {
 		test string
 		size int
@@ -51,21 +97,8 @@ func TestEveryTest(t *testing.T) {
 	}{{"write_bw", 4096, 1}, {"read_bw", 4096, 1}, {"send_bw", 100, 1}, {"write_lat", 2, 1}, {"read_lat", 8, 1}, {"send_lat", 2, 1}, {"atomic_lat", 8, 1},
 		{"write_bw", 4096, 4}, {"read_bw", 4096, 4}, {"send_bw", 100, 3}} {
 		t.Run(fmt.Sprintf("%s/q%d", tc.test, tc.qps), func(t *testing.T) {
-			l, _ := net.Listen("tcp4", "127.0.0.1:0")
-			port := l.Addr().(*net.TCPAddr).Port
-			l.Close()
-			common := fmt.Sprintf("%s -s %d -q %d -p %d --socket %s --verify --timeout 60s", tc.test, tc.size, tc.qps, port, sock)
-			srv := perf(common)
-			out, _ := srv.StdoutPipe()
-			srv.Stderr = os.Stderr
-			if err := srv.Start(); err != nil {
-				t.Fatal(err)
-			}
-			defer srv.Process.Kill()
-			sc := bufio.NewScanner(out)
-			for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
-			}
-			go io.Copy(io.Discard, out)
+			common := fmt.Sprintf("%s -s %d -q %d -p %d --socket %s --verify --timeout 60s", tc.test, tc.size, tc.qps, freePort(t), sock)
+			srv, _ := startServer(t, common, os.Stderr)
 			cli := perf(common + " -n 300 --json 127.0.0.1")
 			cli.Stderr = os.Stderr
 			res, err := cli.Output()
@@ -103,28 +136,10 @@ func TestEveryTest(t *testing.T) {
 // TestQPMismatch: a server and client with different -q refuse each other
 // with messages that say how to fix it.
 func TestQPMismatch(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go d.Serve()
-	defer d.Close()
-	l, _ := net.Listen("tcp4", "127.0.0.1:0")
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	srv := perf(fmt.Sprintf("write_bw -q 2 -p %d --socket %s --timeout 60s", port, sock))
-	out, _ := srv.StdoutPipe()
+	sock := startDaemon(t)
+	port := freePort(t)
 	var srvErr strings.Builder
-	srv.Stderr = &srvErr
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	sc := bufio.NewScanner(out)
-	for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
-	}
-	go io.Copy(io.Discard, out)
+	srv, _ := startServer(t, fmt.Sprintf("write_bw -q 2 -p %d --socket %s --timeout 60s", port, sock), &srvErr)
 	cli := perf(fmt.Sprintf("write_bw -q 1 -p %d --socket %s --timeout 60s 127.0.0.1", port, sock))
 	var cliErr strings.Builder
 	cli.Stderr = &cliErr
@@ -140,13 +155,7 @@ func TestQPMismatch(t *testing.T) {
 // perftest speaks it) between two softrnic-perf processes; make interop
 // runs it against Linux siw's ib_write_bw and ib_read_bw.
 func TestPerftestMode(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go d.Serve()
-	defer d.Close()
+	sock := startDaemon(t)
 	// send_bw also runs at 256 B, where 64 receive slots outgrow the data
 	// area and must not spill onto the control area or credit word.
 	for _, tc := range []struct {
@@ -154,21 +163,8 @@ func TestPerftestMode(t *testing.T) {
 		size int
 	}{{"write_bw", 4096}, {"read_bw", 4096}, {"send_bw", 4096}, {"send_bw", 256}, {"read_lat", 4096}} {
 		test := tc.test
-		l, _ := net.Listen("tcp4", "127.0.0.1:0")
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		common := fmt.Sprintf("%s --perftest -s %d -n 1000 -p %d --socket %s --timeout 60s", test, tc.size, port, sock)
-		srv := perf(common)
-		out, _ := srv.StdoutPipe()
-		srv.Stderr = os.Stderr
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(out)
-		for sc.Scan() && !strings.Contains(sc.Text(), "Waiting for client") {
-		}
-		rest := make(chan string, 1)
-		go func() { b, _ := io.ReadAll(out); rest <- string(b) }()
+		common := fmt.Sprintf("%s --perftest -s %d -n 1000 -p %d --socket %s --timeout 60s", test, tc.size, freePort(t), sock)
+		srv, rest := startServer(t, common, os.Stderr)
 		cl := perf(common + " --json 127.0.0.1")
 		cl.Stderr = os.Stderr
 		res, err := cl.Output()
@@ -190,10 +186,7 @@ func TestPerftestMode(t *testing.T) {
 		}
 	}
 	// A test --perftest does not speak yet: the client leaves with an error.
-	l, _ := net.Listen("tcp4", "127.0.0.1:0")
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-	if out, err := perf(fmt.Sprintf("write_lat --perftest -p %d --socket %s", port, sock)).CombinedOutput(); err == nil {
+	if out, err := perf(fmt.Sprintf("write_lat --perftest -p %d --socket %s", freePort(t), sock)).CombinedOutput(); err == nil {
 		t.Fatalf("write_lat --perftest server started: %s", out)
 	}
 }
