@@ -425,41 +425,12 @@ func (s *session) acceptLoop(p *psp) {
 func (s *session) createPSP(req *ctl.CreatePSP) (any, []*os.File, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, err := s.evdFor(req.EVD, ctl.EVDCR, "connection request")
-	if err != nil {
-		return nil, nil, err
-	}
-	if e == nil {
-		return nil, nil, fail(ctl.InvalidParameter, "a PSP needs a connection request EVD")
-	}
-	ln, err := s.listen(req.Port)
-	if err != nil {
-		return nil, nil, err
-	}
-	p := &psp{ln: ln, evd: e, provider: req.ProviderEP}
-	h, err := s.add(p)
-	if err != nil {
-		ln.Close()
-		return nil, nil, err
-	}
-	p.h = h
-	e.refs++
-	// Listening is the last step: requests may arrive at once.
-	s.loops.Add(1)
-	go s.acceptLoop(p)
-	return &ctl.Handle{H: h}, nil, nil
+	return s.startPSP(&psp{provider: req.ProviderEP}, req.EVD, req.Port, "a PSP")
 }
 
 func (s *session) createRSP(req *ctl.CreateRSP) (any, []*os.File, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, err := s.evdFor(req.EVD, ctl.EVDCR, "connection request")
-	if err != nil {
-		return nil, nil, err
-	}
-	if e == nil {
-		return nil, nil, fail(ctl.InvalidParameter, "an RSP needs a connection request EVD")
-	}
 	target, err := get[*ep](s, req.EP, "EP")
 	if err != nil {
 		return nil, nil, err
@@ -467,22 +438,38 @@ func (s *session) createRSP(req *ctl.CreateRSP) (any, []*os.File, error) {
 	if target.state != ctl.EPUnconnected {
 		return nil, nil, fail(ctl.InvalidState, "RSP on an EP in %s", ctl.EPStateName(target.state))
 	}
-	ln, err := s.listen(req.Port)
-	if err != nil {
-		return nil, nil, err
-	}
-	p := &psp{ln: ln, evd: e, rsp: target}
-	h, err := s.add(p)
-	if err != nil {
-		ln.Close()
-		return nil, nil, err
-	}
-	p.h = h
-	e.refs++
+	// Reserved before the accept loop starts, back if it does not.
 	target.state = ctl.EPReserved
+	reply, files, err := s.startPSP(&psp{rsp: target}, req.EVD, req.Port, "an RSP")
+	if err != nil {
+		target.state = ctl.EPUnconnected
+	}
+	return reply, files, err
+}
+
+// startPSP is what PSPs and RSPs share: a connection request EVD, a
+// listener on the port, a handle, and the accept loop; s.mu is held.
+func (s *session) startPSP(p *psp, evd uint32, port uint16, what string) (any, []*os.File, error) {
+	e, err := s.evdFor(evd, ctl.EVDCR, "connection request")
+	if err != nil {
+		return nil, nil, err
+	}
+	if e == nil {
+		return nil, nil, fail(ctl.InvalidParameter, "%s needs a connection request EVD", what)
+	}
+	if p.ln, err = s.listen(port); err != nil {
+		return nil, nil, err
+	}
+	p.evd = e
+	if p.h, err = s.add(p); err != nil {
+		p.ln.Close()
+		return nil, nil, err
+	}
+	e.refs++
+	// Listening is the last step: requests may arrive at once.
 	s.loops.Add(1)
 	go s.acceptLoop(p)
-	return &ctl.Handle{H: h}, nil, nil
+	return &ctl.Handle{H: p.h}, nil, nil
 }
 
 // freePSP stops listening: later requests find nobody (digest 003 §1);
