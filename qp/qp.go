@@ -247,14 +247,8 @@ type rqe struct {
 // PostSend queues a send work request. Local buffers are checked and held
 // now; the request completes in order with the others.
 func (q *QP) PostSend(wr *SendWR) error {
-	if q.state != RTS && (q.state != Idle || q.ended) {
-		return ErrState
-	}
-	if q.sq.full() {
-		return ErrQueueFull
-	}
-	if len(wr.SGL) > MaxSGE {
-		return ErrTooManySGE
+	if err := q.canPost(q.sq.full(), len(wr.SGL)); err != nil {
+		return err
 	}
 	e := q.sq.slot()
 	*e = sqe{wr: *wr}
@@ -296,17 +290,25 @@ func (q *QP) PostSend(wr *SendWR) error {
 	return nil
 }
 
+// canPost is what both queues check first: a state that takes work, room,
+// and an SGL the entry can hold.
+func (q *QP) canPost(full bool, nsge int) error {
+	switch {
+	case q.state != RTS && (q.state != Idle || q.ended):
+		return ErrState
+	case full:
+		return ErrQueueFull
+	case nsge > MaxSGE:
+		return ErrTooManySGE
+	}
+	return nil
+}
+
 // PostRecv queues a receive buffer. It may be posted in Idle, before the
 // connection exists, so that nothing the peer sends first is dropped.
 func (q *QP) PostRecv(wr *RecvWR) error {
-	if q.state != RTS && (q.state != Idle || q.ended) {
-		return ErrState
-	}
-	if q.rq.full() {
-		return ErrQueueFull
-	}
-	if len(wr.SGL) > MaxSGE {
-		return ErrTooManySGE
+	if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil {
+		return err
 	}
 	e := q.rq.slot()
 	*e = rqe{wr: *wr}
