@@ -118,11 +118,7 @@ func TestDAT03ModifyPZ(t *testing.T) {
 // 4. ep_connect from any state but UNCONNECTED is INVALID_STATE; right
 // after the call the EP reads ACTIVE_CONNECTION_PENDING.
 func TestDAT04ConnectState(t *testing.T) {
-	sock, _ := startDaemon(t)
-	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
-	port := freePort(t)
-	_, err := server.ia.CreatePSP(port, server.cr, false)
-	must(t, err)
+	server, cli, port := listeningPair(t)
 	cep := cli.ep(t)
 	must(t, cep.Connect(addr(port), nil, 10*time.Second))
 	// The server has not accepted: the connection cannot be up.
@@ -144,11 +140,7 @@ func TestDAT04ConnectState(t *testing.T) {
 // private data (up to 252 octets with the IRD/ORD words), one ESTABLISHED
 // per side.
 func TestDAT05OneRequestOneEstablished(t *testing.T) {
-	sock, _ := startDaemon(t)
-	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
-	port := freePort(t)
-	_, err := server.ia.CreatePSP(port, server.cr, false)
-	must(t, err)
+	server, cli, port := listeningPair(t)
 	pd := make([]byte, server.ia.Attr().MaxPrivate)
 	for i := range pd {
 		pd[i] = byte(i)
@@ -208,11 +200,7 @@ func TestDAT06ConnectTimeout(t *testing.T) {
 // 7. Timers: connects whose timeout races the server's accept each end in
 // exactly one terminal connection event (run under -race).
 func TestDAT07TimeoutRace(t *testing.T) {
-	sock, _ := startDaemon(t)
-	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
-	port := freePort(t)
-	_, err := server.ia.CreatePSP(port, server.cr, false)
-	must(t, err)
+	server, cli, port := listeningPair(t)
 	go func() {
 		for {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -482,11 +470,7 @@ func TestDAT17PostDoesNotAllocate(t *testing.T) {
 // The remaining connection events an application sees on connect:
 // PEER_REJECTED with the peer's private data, and UNREACHABLE.
 func TestRejectedAndUnreachable(t *testing.T) {
-	sock, _ := startDaemon(t)
-	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
-	port := freePort(t)
-	_, err := server.ia.CreatePSP(port, server.cr, false)
-	must(t, err)
+	server, cli, port := listeningPair(t)
 	cep := cli.ep(t)
 	must(t, cep.Connect(addr(port), []byte("please"), 10*time.Second))
 	ev := wait(t, server.cr)
@@ -508,4 +492,15 @@ func TestRejectedAndUnreachable(t *testing.T) {
 	if ev := wait(t, cli.conn); ev.Conn != client.Unreachable {
 		t.Fatalf("closed port: %v", ev.Conn)
 	}
+}
+
+// listeningPair is a daemon with two applications, the server one
+// listening on a free port with a PSP.
+func listeningPair(t *testing.T) (server, cli *app, port uint16) {
+	sock, _ := startDaemon(t)
+	server, cli = newApp(t, sock, "s"), newApp(t, sock, "c")
+	port = freePort(t)
+	_, err := server.ia.CreatePSP(port, server.cr, false)
+	must(t, err)
+	return server, cli, port
 }
