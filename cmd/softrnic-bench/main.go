@@ -330,7 +330,7 @@ func (b *bench) softrnic() (Softrnc, error) {
 			args = append(args, "--no-crc")
 		}
 		a0, b0 := daemonCPU()
-		srv, out, err := b.start(b.net.B, filepath.Join(b.bin, "softrnic-perf"), append(args, "--socket", sock["b"])...)
+		srv, out, err := b.start(b.net.B, filepath.Join(b.bin, "softrnic-perf"), slices.Concat(args, []string{"--socket", sock["b"]})...)
 		if err != nil {
 			return nil, 0, 0, err
 		}
@@ -340,9 +340,7 @@ func (b *bench) softrnic() (Softrnc, error) {
 			return nil, 0, 0, err
 		}
 		go io.Copy(io.Discard, br)
-		cargs := append(args, "--socket", sock["a"], "--json")
-		cargs = append(cargs, extra...)
-		cargs = append(cargs, b.net.B.Addr.Addr().String())
+		cargs := slices.Concat(args, []string{"--socket", sock["a"], "--json"}, extra, []string{b.net.B.Addr.Addr().String()})
 		cli := b.net.A.Command(filepath.Join(b.bin, "softrnic-perf"), cargs...)
 		cli.Stderr = os.Stderr
 		res, err := cli.Output()

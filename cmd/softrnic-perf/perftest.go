@@ -111,8 +111,8 @@ func dest(outReads, qpn uint32, rkey uint32, vaddr uint64) []byte {
 func runPerftest(ctx context.Context, o *opts) error {
 	// write_lat is left out on purpose: perftest's server (the MPA
 	// responder) writes first, which RFC 5044 §7.1.2 forbids a responder.
-	supported := o.testNumber == tests["write_bw"] || o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"] ||
-		o.testNumber == tests["send_bw"]
+	supported := o.testNumber == writeBW || o.testNumber == readBW || o.testNumber == readLat ||
+		o.testNumber == sendBW
 	server := o.server == ""
 	if !supported && server {
 		return fmt.Errorf("--perftest supports write_bw, read_bw, send_bw and read_lat")
@@ -142,7 +142,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		}
 	}
 	reads := uint32(1)
-	if o.testNumber == tests["read_bw"] || o.testNumber == tests["read_lat"] {
+	if o.testNumber == readBW || o.testNumber == readLat {
 		reads = 32 // the measured EP's IRD/ORD
 	}
 	var psp *client.PSP
@@ -209,7 +209,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		return err
 	}
 	mine := dest(reads, p.ep.Handle(), p.lmr.Context, p.lmr.Address(0))
-	isSend := o.testNumber == tests["send_bw"]
+	isSend := o.testNumber == sendBW
 	if isSend {
 		// On iWARP, perftest's send_bw advertises a credit word rather
 		// than the data buffer; the server RDMA-writes its receive count
