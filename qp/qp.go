@@ -229,7 +229,6 @@ type sqe struct {
 	done     bool
 	status   completion.Status
 	err      error
-	result   uint64 // atomic original value
 	readTO   uint64 // Read: next expected sink offset
 }
 
@@ -469,7 +468,7 @@ func (q *QP) fail(err error) { q.enterError(err, Broken) }
 func (q *QP) enterError(err error, kind EventKind) {
 	q.state = Error
 	q.ended = true
-	q.rx.drop(q)
+	q.rx.drop()
 	for q.irq.len() > 0 {
 		q.irq.at(0).release()
 		q.irq.pop()

@@ -38,7 +38,7 @@ type rxState struct {
 	rtr bool
 }
 
-func (r *rxState) drop(q *QP) {
+func (r *rxState) drop() {
 	if r.mr != nil {
 		r.mr.release()
 		r.mr = nil
@@ -393,7 +393,6 @@ func (q *QP) rxEnd() {
 		e := *q.orq.at(0)
 		rsp := ddp.AtomicResponse(r.hdr[r.hlen:r.need])
 		binary.NativeEndian.PutUint64(e.bufs[0], rsp.Value())
-		e.result = rsp.Value()
 		e.awaiting = false
 		e.done = true
 		q.orq.pop()
@@ -462,7 +461,7 @@ func (q *QP) terminate(cause error) {
 		}
 	}
 	q.term = f
-	q.rx.drop(q)
+	q.rx.drop()
 	q.state = Terminate
 	// A Read or atomic whose response broke the protocol fails with that.
 	if r.hlen > 0 && q.orq.len() > 0 && (ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpReadResponse ||

@@ -405,7 +405,7 @@ func TestErrorClassesOverTCP(t *testing.T) {
 	type env struct {
 		c       *QP
 		cbuf    *MR
-		w, r, a *MR // server regions: remote write, remote read, remote atomic
+		w, r    *MR // server regions: remote write, remote read
 		foreign *MR // server region in another PD
 	}
 	cases := []struct {
@@ -454,7 +454,6 @@ func TestErrorClassesOverTCP(t *testing.T) {
 			e := env{cbuf: cli.mr(4096, qp.LocalWrite)}
 			e.w = srv.mr(4096, qp.LocalWrite|qp.RemoteWrite)
 			e.r = srv.mr(4096, qp.RemoteRead)
-			e.a = srv.mr(4096, qp.LocalWrite|qp.RemoteAtomic)
 			otherPD, err := srv.dev.AllocPD()
 			must(t, err)
 			e.foreign, err = srv.dev.RegisterMR(otherPD, make([]byte, 4096), 0, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead)
