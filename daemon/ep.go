@@ -115,35 +115,40 @@ func (s *session) epReply(e *ep) *ctl.EPReply {
 // configureEP takes references on the PZ and EVDs of a and, with a PZ,
 // creates the QP and its rings; it returns the rings' memfd for the client.
 // s.mu held.
-func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
+// resolveEP checks an EP's attributes and finds the objects they name;
+// s.mu held. Everything but running out of resources fails here.
+func (s *session) resolveEP(a *ctl.EPAttr) (p *pz, recv, req, conn *evd, err error) {
 	if a.SQDepth > maxQueue || a.RQDepth > maxQueue || a.IRD > 64 || a.ORD > 64 || a.MPARev > 2 {
-		return nil, fail(ctl.InvalidParameter, "EP depths %d/%d, IRD/ORD %d/%d, MPA revision %d", a.SQDepth, a.RQDepth, a.IRD, a.ORD, a.MPARev)
+		return nil, nil, nil, nil, fail(ctl.InvalidParameter, "EP depths %d/%d, IRD/ORD %d/%d, MPA revision %d", a.SQDepth, a.RQDepth, a.IRD, a.ORD, a.MPARev)
 	}
-	var err error
-	var p *pz
 	if a.PZ != 0 {
 		if p, err = get[*pz](s, a.PZ, "PZ"); err != nil {
-			return nil, err
+			return
 		}
 	}
-	recv, err := s.evdFor(a.RecvEVD, ctl.EVDDTO, "receive")
-	if err != nil {
-		return nil, err
+	if recv, err = s.evdFor(a.RecvEVD, ctl.EVDDTO, "receive"); err != nil {
+		return
 	}
-	req, err := s.evdFor(a.RequestEVD, ctl.EVDDTO, "request")
-	if err != nil {
-		return nil, err
+	if req, err = s.evdFor(a.RequestEVD, ctl.EVDDTO, "request"); err != nil {
+		return
 	}
-	conn, err := s.evdFor(a.ConnectEVD, ctl.EVDConnection, "connect")
+	if conn, err = s.evdFor(a.ConnectEVD, ctl.EVDConnection, "connect"); err != nil {
+		return
+	}
+	// digest 003: a PZ is required for a QP, and a QP needs its CQs.
+	if p != nil && (recv == nil || req == nil) {
+		err = fail(ctl.InvalidParameter, "an EP with a PZ needs receive and request EVDs")
+	}
+	return
+}
+
+func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
+	p, recv, req, conn, err := s.resolveEP(a)
 	if err != nil {
 		return nil, err
 	}
 	var files []*os.File
 	if p != nil {
-		// digest 003: a PZ is required for a QP, and a QP needs its CQs.
-		if recv == nil || req == nil {
-			return nil, fail(ctl.InvalidParameter, "an EP with a PZ needs receive and request EVDs")
-		}
 		sqn, rqn := roundPow2(max(a.SQDepth, 1)), roundPow2(max(a.RQDepth, 1))
 		sqSize := shm.RingSize(sqn, shm.SQESize)
 		mem, err := shm.NewMemfd("softrnic-ep", sqSize+shm.RingSize(rqn, shm.RQESize))
@@ -234,14 +239,17 @@ func (s *session) modifyEP(req *ctl.ModifyEP) (any, []*os.File, error) {
 	if req.Mask&ctl.ModifyIRDORD != 0 {
 		a.IRD, a.ORD = req.Attr.IRD, req.Attr.ORD
 	}
-	old := *e
+	// Check first, so that a refused change leaves the EP and the
+	// client's rings as they were. Past this point only resources can
+	// run out; the EP is then left without a QP, like one made without a
+	// PZ, and connecting it is refused until a modify succeeds.
+	if _, _, _, _, err := s.resolveEP(&a); err != nil {
+		return nil, nil, err
+	}
 	s.unconfigureEP(e)
 	files, err := s.configureEP(e, &a)
 	if err != nil {
-		// Put the old configuration back.
-		if _, rerr := s.configureEP(e, &old.attr); rerr != nil {
-			s.srv.log.Error("EP lost its configuration", "ep", e.h, "err", rerr)
-		}
+		s.srv.log.Warn("EP left without queues: modify ran out of resources", "ep", e.h, "err", err)
 		return nil, nil, err
 	}
 	if e.qp != nil {
