@@ -504,3 +504,26 @@ func listeningPair(t *testing.T) (server, cli *app, port uint16) {
 	must(t, err)
 	return server, cli, port
 }
+
+// A refused ep_modify leaves the EP working as before: its QP, and the
+// rings the application posts to, are the ones it had.
+func TestRefusedModifyKeepsEP(t *testing.T) {
+	sock, _ := startDaemon(t)
+	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
+	_, cep, _ := connectPair(t, server, cli, func(sep, cep *client.EP) {
+		// A connection EVD cannot take receive completions.
+		err := cep.Modify(ctl.ModifyEVDs, client.EPAttr{RecvEVD: cli.conn, RequestEVD: cli.req, ConnectEVD: cli.conn})
+		if err == nil {
+			t.Fatal("modify with a connection EVD for receives succeeded")
+		}
+		must(t, sep.PostRecv(3, []client.Segment{{LMR: server.lmr, Length: 64}}))
+	})
+	copy(cli.buf.Bytes, "still here")
+	must(t, cep.PostSend(9, []client.Segment{{LMR: cli.lmr, Length: 10}}, client.Signaled))
+	if ev := wait(t, cli.req); ev.Status != completion.Success || ev.Cookie != 9 {
+		t.Fatalf("send after a refused modify: %+v", ev)
+	}
+	if ev := wait(t, server.recv); ev.Status != completion.Success || string(server.buf.Bytes[:ev.Length]) != "still here" {
+		t.Fatalf("receive after a refused modify: %+v %q", ev, server.buf.Bytes[:10])
+	}
+}
