@@ -11,6 +11,7 @@ import (
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
 )
 
@@ -27,6 +28,9 @@ type ep struct {
 	qp     *rnic.QP
 	rings  *shm.Memfd
 	sq, rq *shm.Ring
+	// sgl is scratch for one work request's SGL on its way from a ring
+	// into the engine, which copies it; s.mu held.
+	sgl [max(shm.RingSGE, shm.RQSGE)]qp.SGE
 
 	local, remote string
 	peerPD        []byte

@@ -117,18 +117,16 @@ func (s *session) violation(what string, err error) {
 	s.closing = true
 }
 
-var sendOps = map[uint8]qp.SendOp{0: qp.OpSend, 1: qp.OpSendInvalidate, 2: qp.OpWrite, 3: qp.OpRead, 4: qp.OpFetchAdd,
-	5: qp.OpCmpSwap, 6: qp.OpLocalInvalidate, 7: qp.OpImmediate}
-
-// toSendWR validates a copied ring entry.
-func toSendWR(e *shm.SQE) (qp.SendWR, error) {
-	op, ok := sendOps[e.Op]
-	if !ok || e.NSGE > shm.RingSGE || e.Flags&^uint8(qp.Signaled|qp.Solicited|qp.Fence) != 0 {
+// toSendWR validates a copied ring entry. The ring's operation codes are
+// qp.SendOp's; the SGL is built in sgl, the EP's scratch array (the engine
+// copies it), so posting allocates nothing.
+func toSendWR(e *shm.SQE, sgl []qp.SGE) (qp.SendWR, error) {
+	if e.Op > uint8(qp.OpImmediate) || int(e.NSGE) > min(shm.RingSGE, len(sgl)) || e.Flags&^uint8(qp.Signaled|qp.Solicited|qp.Fence) != 0 {
 		return qp.SendWR{}, qp.ErrInvalidWR
 	}
-	wr := qp.SendWR{ID: e.ID, Op: op, Flags: qp.Flags(e.Flags), RemoteSTag: e.RemoteSTag, RemoteTO: e.RemoteTO,
+	wr := qp.SendWR{ID: e.ID, Op: qp.SendOp(e.Op), Flags: qp.Flags(e.Flags), RemoteSTag: e.RemoteSTag, RemoteTO: e.RemoteTO,
 		InvalidateSTag: e.InvalidateSTag, Compare: e.Compare, Swap: e.Swap, Add: e.Compare, Immediate: e.Immediate}
-	wr.SGL = make([]qp.SGE, e.NSGE)
+	wr.SGL = sgl[:e.NSGE]
 	for i := range wr.SGL {
 		wr.SGL[i] = qp.SGE{LKey: e.SGL[i].LKey, Addr: e.SGL[i].Addr, Length: e.SGL[i].Length}
 	}
@@ -158,7 +156,7 @@ func (s *session) drainSQ(e *ep) bool {
 			break
 		}
 		sqe := shm.DecodeSQE(slot)
-		wr, err := toSendWR(&sqe)
+		wr, err := toSendWR(&sqe, e.sgl[:])
 		if err == nil {
 			err = e.qp.PostSend(&wr)
 			if errors.Is(err, qp.ErrQueueFull) {
@@ -190,7 +188,7 @@ func (s *session) drainRQ(e *ep) bool {
 		if rqe.NSGE > shm.RQSGE {
 			err2 = qp.ErrInvalidWR
 		} else {
-			wr := qp.RecvWR{ID: rqe.ID, SGL: make([]qp.SGE, rqe.NSGE)}
+			wr := qp.RecvWR{ID: rqe.ID, SGL: e.sgl[:rqe.NSGE]}
 			for i := range wr.SGL {
 				wr.SGL[i] = qp.SGE{LKey: rqe.SGL[i].LKey, Addr: rqe.SGL[i].Addr, Length: rqe.SGL[i].Length}
 			}

@@ -1,0 +1,30 @@
+package daemon
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/qp"
+)
+
+// Taking a send ring entry into a work request allocates nothing, and
+// entries the engine must not see are refused.
+func TestToSendWR(t *testing.T) {
+	var scratch [shm.RingSGE]qp.SGE
+	e := shm.SQE{ID: 7, Op: uint8(qp.OpWrite), Flags: uint8(qp.Signaled), NSGE: 2, RemoteSTag: 9, RemoteTO: 64}
+	e.SGL[0] = shm.SGE{LKey: 1, Addr: 2, Length: 3}
+	e.SGL[1] = shm.SGE{LKey: 4, Addr: 5, Length: 6}
+	wr, err := toSendWR(&e, scratch[:])
+	if err != nil || wr.Op != qp.OpWrite || len(wr.SGL) != 2 || wr.SGL[1] != (qp.SGE{LKey: 4, Addr: 5, Length: 6}) || wr.RemoteTO != 64 {
+		t.Fatalf("%+v %v", wr, err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = toSendWR(&e, scratch[:]) }); n != 0 {
+		t.Fatalf("toSendWR allocates %.0f times", n)
+	}
+	for _, bad := range []shm.SQE{{Op: uint8(qp.OpImmediate) + 1}, {NSGE: shm.RingSGE + 1}, {Flags: 0x80}} {
+		if _, err := toSendWR(&bad, scratch[:]); !errors.Is(err, qp.ErrInvalidWR) {
+			t.Fatalf("%+v: %v", bad, err)
+		}
+	}
+}
