@@ -31,6 +31,7 @@ go build -o "$work/" ./cmd/softrnicd ./cmd/softrnic-ping || exit 1
 "$work/softrnicd" --iface lo --socket "$work/d.sock" --log-level warn 2> "$work/daemon.log" &
 pids+=($!)
 for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.05; done
+[ -S "$work/d.sock" ] || { echo "interop: softrnicd did not start" >&2; cat "$work/daemon.log" >&2; exit 1; }
 
 TS=(tshark --enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE
 	--disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp)

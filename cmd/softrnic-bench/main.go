@@ -314,11 +314,8 @@ func (b *bench) softrnic() (Softrnc, error) {
 			return k, err
 		}
 		daemons = append(daemons, d)
-		for i := 0; i < 200; i++ {
-			if _, err := os.Stat(sock[h.key]); err == nil {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+		if err := waitSocket(sock[h.key], 2*time.Second); err != nil {
+			return k, err
 		}
 	}
 	daemonCPU := func() (float64, float64) { return procCPU(daemons[0].Process.Pid), procCPU(daemons[1].Process.Pid) }
@@ -526,4 +523,14 @@ func tcpPing(args []string) error {
 	}
 	slices.Sort(lat)
 	return json.NewEncoder(os.Stdout).Encode(Latency{Median: lat[n/2], P99: lat[n*99/100], P999: lat[min(n-1, n*999/1000)]})
+}
+
+// waitSocket waits for a daemon's socket to appear, failing after limit.
+func waitSocket(path string, limit time.Duration) error {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if _, err := os.Stat(path); err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("softrnicd did not create %s within %v", path, limit)
 }
