@@ -210,16 +210,18 @@ func FrameLen(b []byte) (int, error) {
 // few octets it returns ErrShortFrame; other errors are fatal to the
 // connection and wrap ddp.LLPInvalidFrame.
 func ParseFrame(b []byte, reply bool) (Frame, int, error) {
-	n, err := FrameLen(b)
-	if err != nil {
-		return Frame{}, 0, err
-	}
 	key := KeyRequest
 	if reply {
 		key = KeyReply
 	}
-	if [KeyLen]byte(b[:KeyLen]) != key {
+	// The key first: a peer that does not speak MPA is told apart as soon
+	// as its first 16 octets arrive, whatever the rest would mean.
+	if len(b) >= KeyLen && [KeyLen]byte(b[:KeyLen]) != key {
 		return Frame{}, 0, ErrBadKey
+	}
+	n, err := FrameLen(b)
+	if err != nil {
+		return Frame{}, 0, err
 	}
 	if len(b) < n {
 		return Frame{}, 0, ErrShortFrame

@@ -70,6 +70,8 @@ func TestParseFrameErrors(t *testing.T) {
 		{"short private data", good[:len(good)-1], false, ErrShortFrame},
 		{"reply key in a request", good, true, ErrBadKey},
 		{"bad key", mod(func(b []byte) []byte { b[3] = 'x'; return b }), false, ErrBadKey},
+		{"bad key known from 16 octets", []byte("GET / HTTP/1.1\r\n"), false, ErrBadKey},
+		{"bad key before a huge PD_Length", []byte("GET / HTTP/1.1\r\nHost: a\r\n"), false, ErrBadKey},
 		{"revision 0", mod(func(b []byte) []byte { b[17] = 0; return b }), false, ErrBadRevision},
 		{"revision 3", mod(func(b []byte) []byte { b[17] = 3; return b }), false, ErrBadRevision},
 		{"private data 513", mod(func(b []byte) []byte { b[18], b[19] = 0x02, 0x01; return b }), false, ErrPrivateData},

@@ -99,6 +99,16 @@ type Parser struct {
 // marker settings, positioned at the start of the FPDU stream.
 func NewParser(crc, markers bool) *Parser { return &Parser{crc: crc, markers: markers} }
 
+// Offset is the number of stream octets parsed so far: after an End event,
+// where the next FPDU (or the marker before it) starts.
+func (p *Parser) Offset() uint64 { return p.stream }
+
+// Incomplete reports whether the octets parsed so far end inside an FPDU
+// (or a marker): a stream that closes here lost the rest of it.
+func (p *Parser) Incomplete() bool {
+	return p.state != stHeader || p.have > 0
+}
+
 // Next consumes octets from b and reports the first thing that happens. It
 // returns how many octets it used; call it again with the rest. After an
 // error, the parser is failed and returns the same error.
