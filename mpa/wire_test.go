@@ -17,6 +17,7 @@ import (
 
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/mpadump"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/internal/tshark"
@@ -553,6 +554,59 @@ func TestWireDissectedByWireshark(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkDissection(t, pkts, ss, port)
+	checkOwnDecoder(t, pcap, ss)
+}
+
+// checkOwnDecoder runs the same capture through internal/mpadump, which
+// interop runs use where Wireshark loses FPDUs to re-segmentation: it must
+// find every FPDU each side sent, with the startup frames and Terminates as
+// encoded, and stop at exactly the corrupted CRC.
+func checkOwnDecoder(t *testing.T, path string, ss []session) {
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := mpadump.Analyze(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Conns) != len(ss) {
+		t.Fatalf("mpadump found %d connections, want %d", len(rep.Conns), len(ss))
+	}
+	for i, c := range rep.Conns {
+		s := &ss[i]
+		wantReq, _ := s.ini.Request()
+		if c.Request == nil || c.Reply == nil || c.Request.CRC != wantReq.CRC || c.Request.Markers != wantReq.Markers ||
+			!bytes.Equal(c.Request.PrivateData, wantReq.PrivateData) {
+			t.Errorf("%s: mpadump startup frames %+v / %+v", s.name, c.Request, c.Reply)
+			continue
+		}
+		if c.CRC != (s.ini.CRC || s.resp.CRC) || c.ToServer.Markers != s.resp.Markers || c.ToClient.Markers != s.ini.Markers {
+			t.Errorf("%s: mpadump CRC %v markers %v/%v", s.name, c.CRC, c.ToServer.Markers, c.ToClient.Markers)
+		}
+		for _, d := range []struct {
+			dir    *mpadump.Dir
+			client bool
+		}{{c.ToServer, true}, {c.ToClient, false}} {
+			sent := s.sent(d.client)
+			want, wantTerms := len(sent), 0
+			var wantErr error
+			for j, f := range sent {
+				if f.badCRC {
+					want, wantErr = j, ddp.LLPCRC
+					break
+				}
+				if ddp.Header(f.ulpdu).Opcode() == ddp.OpTerminate {
+					wantTerms++
+				}
+			}
+			if d.dir.FPDUs != want || len(d.dir.Terminates) != wantTerms || !errors.Is(d.dir.Err, wantErr) || (wantErr == nil && d.dir.Err != nil) {
+				t.Errorf("%s (client %v): mpadump decoded %d FPDUs, %d Terminates, error %v; want %d, %d, %v",
+					s.name, d.client, d.dir.FPDUs, len(d.dir.Terminates), d.dir.Err, want, wantTerms, wantErr)
+			}
+		}
+	}
 }
 
 // pdu is one MPA PDU as Wireshark dissected it, with the iWARP layers after it.
