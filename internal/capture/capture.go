@@ -27,7 +27,9 @@ type Capture struct {
 // Start runs tcpdump on iface inside host, writing every packet that
 // matches the BPF filter to path, and returns once tcpdump is listening.
 func Start(host topology.Host, iface, filter, path string) (*Capture, error) {
-	args := []string{"-i", iface, "-w", path, "-U", "--immediate-mode", "-s", "0", "-n"}
+	// A 32 MiB buffer: bursts on veth or lo must not be dropped by the
+	// capture, which would look like data lost on the wire.
+	args := []string{"-i", iface, "-B", "32768", "-w", path, "-U", "--immediate-mode", "-s", "0", "-n"}
 	if filter != "" {
 		args = append(args, filter)
 	}
