@@ -1,0 +1,423 @@
+package tcp
+
+import (
+	"time"
+)
+
+// Conn is one TCP connection. Its methods are called by the poller that
+// owns its Stack, never concurrently.
+type Conn struct {
+	stack *Stack
+	id    FourTuple
+	state State
+	h     Handler
+	err   error
+	// listener is the Listener a passive connection belongs to until
+	// Accept takes it.
+	listener *Listener
+
+	// Send sequence space (RFC 9293 §3.3.1).
+	iss    Seq
+	sndUna Seq
+	sndNxt Seq
+	// sndMax is the highest sequence number sent; after an RTO, sndNxt
+	// goes back to sndUna and climbs again to sndMax (go-back-N).
+	sndMax     Seq
+	sndWnd     int // the peer's window, scaled
+	sndWl1     Seq
+	sndWl2     Seq
+	maxSndWnd  int
+	snd        sendBuf
+	finQueued  bool // Close called: a FIN follows the data
+	finSent    bool
+	peerMSS    int
+	mss        int // segment payload limit, options excluded
+	sndWS      uint8
+	writeShort bool // a Write came up short: report EventWritable
+
+	// Receive sequence space.
+	irs     Seq
+	rcv     recvBuf
+	rcvAdv  Seq // right edge of the window last advertised
+	rcvWS   uint8
+	finRcvd bool
+	// finSeq is the sequence number of the peer's FIN when it arrived
+	// out of order (finPending).
+	finPending bool
+	finSeq     Seq
+
+	// Options in force.
+	wsOK, tsOK, sackOK bool
+	tsRecent           uint32
+	tsRecentAt         Time
+	tsOffset           uint32
+	lastAckSent        Seq
+
+	// RFC 6298 state.
+	srtt, rttvar, rto time.Duration
+	rttSeq            Seq  // timing this octet's ACK (no timestamps)
+	rttAt             Time // when it was sent
+	rttTiming         bool
+	backoff           int // consecutive RTO expiries
+
+	// Timers: zero when off.
+	rtoAt, delackAt, keepAt, twAt Time
+	persist                       bool // rtoAt is the persist timer
+	keepProbes                    int
+	lastRecv                      Time
+
+	// ACK policy.
+	ackNow bool // an ACK must go out
+	// dupAcksOwed: duplicate ACKs still to send, one per out-of-order
+	// segment (RFC 5681 §4.2), not coalesced: a sender without SACK
+	// counts them.
+	dupAcksOwed int
+	unacked     int // full segments received since the last ACK
+	quickAcks   int
+	// challenge ACK rate limit (RFC 5961 §7).
+	challengeAt    Time
+	challengeCount int
+
+	// Loss recovery (RFC 6675, RFC 5681).
+	dupAcks    int
+	inRecovery bool
+	recoverSeq Seq // SND.MAX when recovery started
+	// recoverValid: recoverSeq holds a past recovery point (RFC 6582
+	// §3.2 step 1 compares against it).
+	recoverValid bool
+	// retransmitUna: send the segment at SND.UNA next, whatever the
+	// window (fast retransmit, RFC 5681 §3.2 step 3; partial ACKs).
+	retransmitUna bool
+	highRxt       Seq // highest octet retransmitted in this recovery
+	sb            scoreboard
+	win           Window
+	cc            CongestionControl
+	sendProbe     bool // send a window probe or keepalive now
+
+	// needsOutput: queued on the stack's output list.
+	needsOutput bool
+	// timer heap bookkeeping.
+	timerAt  Time
+	heapIdx  int
+	released bool
+
+	Stats ConnStats
+}
+
+// ConnStats count what a connection did.
+type ConnStats struct {
+	SegmentsIn, SegmentsOut       uint64
+	OctetsIn, OctetsOut           uint64
+	Retransmits, FastRetransmits  uint64
+	RTOs, DupAcksIn, SACKBlocksIn uint64
+	OutOfOrder, Dropped           uint64
+	ChallengeACKs, PAWSDrops      uint64
+}
+
+// ID returns the connection's addresses and ports.
+func (c *Conn) ID() FourTuple { return c.id }
+
+// State returns the connection's state.
+func (c *Conn) State() State { return c.state }
+
+// Err says why a closed connection ended: nil after an orderly close.
+func (c *Conn) Err() error { return c.err }
+
+// SetHandler sets the consumer (for accepted connections).
+func (c *Conn) SetHandler(h Handler) { c.h = h }
+
+// MSS is the payload size of a full segment.
+func (c *Conn) MSS() int { return c.mss }
+
+// Window returns the congestion window, slow-start threshold and MSS.
+func (c *Conn) Window() Window { return c.win }
+
+// SRTT is the smoothed round-trip time.
+func (c *Conn) SRTT() time.Duration { return c.srtt }
+
+// SendSpace is how many octets Write would take now.
+func (c *Conn) SendSpace() int {
+	if c.finQueued || !c.canSend() {
+		return 0
+	}
+	return c.snd.free()
+}
+
+// Unacked is the number of octets written and not yet acknowledged.
+func (c *Conn) Unacked() int { return c.snd.n }
+
+func (c *Conn) canSend() bool {
+	switch c.state {
+	case StateSynSent, StateSynRcvd, StateEstablished, StateCloseWait:
+		return true
+	}
+	return false
+}
+
+// Write queues octets to send and returns how many fit in the send buffer.
+// If it took fewer than len(p), EventWritable follows when space frees.
+func (c *Conn) Write(p []byte) (int, error) {
+	if c.finQueued || !c.canSend() {
+		if c.err != nil {
+			return 0, c.err
+		}
+		return 0, ErrClosed
+	}
+	n := c.snd.write(p)
+	if n < len(p) {
+		c.writeShort = true
+	}
+	if n > 0 {
+		c.wantOutput()
+	}
+	return n, nil
+}
+
+// Read copies octets the Handler left in the receive buffer.
+func (c *Conn) Read(p []byte) int {
+	total := 0
+	for len(p) > 0 {
+		b := c.rcv.peek()
+		if len(b) == 0 {
+			break
+		}
+		k := copy(p, b)
+		c.rcv.consume(k)
+		p = p[k:]
+		total += k
+	}
+	if total > 0 {
+		c.windowOpened()
+	}
+	return total
+}
+
+// Buffered is the number of received octets waiting for Read.
+func (c *Conn) Buffered() int { return c.rcv.n }
+
+// Close starts an orderly close: a FIN follows the data written (RFC 9293
+// §3.10.4). Received data keeps arriving until the peer closes too.
+func (c *Conn) Close() {
+	switch c.state {
+	case StateSynSent:
+		c.terminate(nil)
+	case StateSynRcvd, StateEstablished, StateCloseWait:
+		c.finQueued = true
+		c.wantOutput()
+	}
+}
+
+// Abort resets the connection (RFC 9293 §3.10.5): a RST goes out and
+// everything queued is dropped.
+func (c *Conn) Abort() {
+	switch c.state {
+	case StateSynRcvd, StateEstablished, StateFinWait1, StateFinWait2, StateCloseWait:
+		c.stack.queueRST(c.id, c.sndNxt, 0, false)
+	}
+	if c.state != StateClosed {
+		c.terminate(ErrAborted)
+	}
+}
+
+// terminate ends the connection with err and releases it.
+func (c *Conn) terminate(err error) {
+	if c.state == StateClosed && c.released {
+		return
+	}
+	c.state = StateClosed
+	if c.err == nil {
+		c.err = err
+	}
+	c.rtoAt, c.delackAt, c.keepAt, c.twAt = 0, 0, 0, 0
+	c.stack.release(c)
+	if c.h != nil {
+		c.h.Event(c, EventClosed)
+	}
+}
+
+// wantOutput puts the connection on the stack's output list.
+func (c *Conn) wantOutput() { c.stack.wantOutput(c) }
+
+// flight is the octets outstanding (RFC 5681 FlightSize).
+func (c *Conn) flight() int { return c.sndMax.Sub(c.sndUna) }
+
+// pipe estimates octets in the network (RFC 6675 §4 SetPipe): outstanding,
+// less SACKed, less lost and not yet retransmitted.
+func (c *Conn) pipe() int {
+	if !c.inRecovery {
+		return c.sndNxt.Sub(c.sndUna) - c.sb.sacked
+	}
+	p := c.sndMax.Sub(c.sndUna) - c.sb.sacked
+	if lost, ok := c.sb.lostBelow(c.mss); ok {
+		from := maxSeq(c.highRxt, c.sndUna)
+		p -= c.sb.holeOctets(from, lost)
+	}
+	return max(p, 0)
+}
+
+// windowOpened: the consumer freed receive space; advertise it if the
+// window grew enough (RFC 9293 §3.8.6.2.2, receiver SWS avoidance).
+func (c *Conn) windowOpened() {
+	if !c.state.synchronized() {
+		return
+	}
+	grown := c.rcv.rightEdge().Sub(c.rcvAdv)
+	if grown >= min(len(c.rcv.b)/2, c.mss) {
+		c.ackNow = true
+		c.wantOutput()
+	}
+	if c.finRcvd && c.rcv.n == 0 {
+		return
+	}
+}
+
+// rtoSample folds a round-trip measurement in (RFC 6298 §2).
+func (c *Conn) rtoSample(r time.Duration) {
+	if r <= 0 {
+		r = time.Microsecond
+	}
+	if c.srtt == 0 {
+		c.srtt, c.rttvar = r, r/2
+	} else {
+		d := c.srtt - r
+		if d < 0 {
+			d = -d
+		}
+		c.rttvar = (3*c.rttvar + d) / 4
+		c.srtt = (7*c.srtt + r) / 8
+	}
+	o := c.stack.opts
+	// RFC 6298 (2.3) with G folded into RTOMin, as Linux does.
+	c.rto = min(max(c.srtt+max(4*c.rttvar, time.Millisecond), o.RTOMin), o.RTOMax)
+}
+
+// currentRTO is the RTO with the back-off applied (RFC 6298 §5.5).
+func (c *Conn) currentRTO() time.Duration {
+	r := c.rto
+	for i := 0; i < c.backoff && r < c.stack.opts.RTOMax; i++ {
+		r *= 2
+	}
+	return min(r, c.stack.opts.RTOMax)
+}
+
+// armRTO (re)starts the retransmission timer (RFC 6298 §5.1, §5.3).
+func (c *Conn) armRTO(now Time) {
+	c.persist = false
+	c.rtoAt = now.Add(c.currentRTO())
+	c.stack.timerChanged(c)
+}
+
+// keepaliveReset restarts the keepalive idle period.
+func (c *Conn) keepaliveReset(now Time) {
+	c.lastRecv = now
+	c.keepProbes = 0
+	if c.stack.opts.KeepAlive && c.state.synchronized() {
+		c.keepAt = now.Add(c.stack.opts.KeepIdle)
+		c.stack.timerChanged(c)
+	}
+}
+
+// nextTimer is the earliest armed timer.
+func (c *Conn) nextTimer() Time {
+	t := Time(0)
+	for _, x := range []Time{c.rtoAt, c.delackAt, c.keepAt, c.twAt} {
+		if x != 0 && (t == 0 || x < t) {
+			t = x
+		}
+	}
+	return t
+}
+
+// onTimer fires the timers due at now.
+func (c *Conn) onTimer(now Time) {
+	if c.twAt != 0 && now >= c.twAt {
+		c.twAt = 0
+		c.terminate(nil) // TIME-WAIT over (RFC 9293 §3.10.8)
+		return
+	}
+	if c.delackAt != 0 && now >= c.delackAt {
+		c.delackAt = 0
+		c.ackNow = true
+		c.wantOutput()
+	}
+	if c.rtoAt != 0 && now >= c.rtoAt {
+		c.rtoAt = 0
+		if c.persist {
+			c.persistFired(now)
+		} else {
+			c.rtoFired(now)
+		}
+		if c.state == StateClosed {
+			return
+		}
+	}
+	if c.keepAt != 0 && now >= c.keepAt {
+		c.keepAt = 0
+		c.keepaliveFired(now)
+	}
+}
+
+// rtoFired handles an expired retransmission timer (RFC 6298 §5.4-5.6).
+func (c *Conn) rtoFired(now Time) {
+	o := c.stack.opts
+	limit := o.Retries
+	if c.state == StateSynSent || c.state == StateSynRcvd {
+		limit = o.SynRetries
+	}
+	if c.backoff >= limit {
+		c.stack.queueRST(c.id, c.sndNxt, 0, false)
+		c.terminate(ErrTimedOut)
+		return
+	}
+	c.Stats.RTOs++
+	c.backoff++
+	if c.state.synchronized() && c.flight() > 0 {
+		c.cc.OnRTO(now, c.flight())
+	}
+	// Go back to SND.UNA; SACK information is kept out of caution
+	// reset (RFC 6675 §5.1 allows either; the peer may renege).
+	c.sb.reset()
+	c.inRecovery = false
+	c.dupAcks = 0
+	c.sndNxt = c.sndUna
+	c.rttTiming = false // Karn: no samples from retransmissions
+	c.quickAcks = o.QuickACKs
+	c.finSent = false
+	c.armRTO(now)
+	c.wantOutput()
+}
+
+// persistFired sends a zero-window probe (RFC 9293 §3.8.6.1).
+func (c *Conn) persistFired(now Time) {
+	c.backoff++
+	c.sendProbe = true
+	c.armPersist(now)
+	c.wantOutput()
+}
+
+func (c *Conn) armPersist(now Time) {
+	c.persist = true
+	r := c.currentRTO()
+	c.rtoAt = now.Add(max(r, c.stack.opts.RTOMin))
+	c.stack.timerChanged(c)
+}
+
+// keepaliveFired probes an idle connection (RFC 9293 §3.8.4).
+func (c *Conn) keepaliveFired(now Time) {
+	o := c.stack.opts
+	if !c.state.synchronized() || c.state == StateTimeWait {
+		return
+	}
+	if c.keepProbes >= o.KeepCount {
+		c.stack.queueRST(c.id, c.sndNxt, 0, false)
+		c.terminate(ErrTimedOut)
+		return
+	}
+	if c.flight() == 0 {
+		c.keepProbes++
+		c.sendProbe = true
+		c.wantOutput()
+	}
+	c.keepAt = now.Add(o.KeepInterval)
+	c.stack.timerChanged(c)
+}

@@ -1,0 +1,559 @@
+package tcp
+
+import (
+	"time"
+
+	"github.com/softrnic/softrnic/header"
+)
+
+// Segment is a received TCP segment, parsed. It lives on the caller's stack;
+// Payload aliases the receive frame.
+type Segment struct {
+	SrcPort, DstPort uint16
+	Seq, Ack         Seq
+	Flags            uint8
+	Window           uint16
+	Opts             header.TCPOptions
+	Payload          []byte
+}
+
+func (s *Segment) has(f uint8) bool { return s.Flags&f != 0 }
+
+// seqLen is the sequence space the segment occupies (RFC 9293 §3.4).
+func (s *Segment) seqLen() int {
+	n := len(s.Payload)
+	if s.has(header.TCPFlagSYN) {
+		n++
+	}
+	if s.has(header.TCPFlagFIN) {
+		n++
+	}
+	return n
+}
+
+// pawsIdle is how old TS.Recent may get before PAWS stops trusting it
+// (RFC 7323 §5.5: 24 days).
+const pawsIdle = 24 * 24 * time.Hour
+
+// input processes a segment for an existing connection (RFC 9293 §3.10.7).
+func (c *Conn) input(now Time, seg *Segment) {
+	c.Stats.SegmentsIn++
+	switch c.state {
+	case StateClosed, StateListen:
+		return
+	case StateSynSent:
+		c.inputSynSent(now, seg)
+		return
+	}
+	rst := seg.has(header.TCPFlagRST)
+
+	// RFC 7323 §5.3 PAWS: a segment older than TS.Recent is a duplicate.
+	if c.tsOK && seg.Opts.HasTimestamp && !rst && int32(seg.Opts.TSVal-c.tsRecent) < 0 &&
+		now.Sub(c.tsRecentAt) < pawsIdle {
+		c.Stats.PAWSDrops++
+		c.sendAck()
+		return
+	}
+
+	// First: is the segment acceptable (§3.10.7.4)?
+	if !c.acceptable(seg) {
+		c.Stats.Dropped++
+		if !rst {
+			if c.state == StateTimeWait && seg.has(header.TCPFlagFIN) {
+				c.twAt = now.Add(c.stack.opts.TimeWait) // a retransmitted FIN
+				c.stack.timerChanged(c)
+			}
+			c.sendAck()
+		}
+		return
+	}
+	c.trim(seg)
+
+	// Second: RST (RFC 5961 §3.2): only an exact RCV.NXT resets; any
+	// other in-window RST gets a challenge ACK.
+	if rst {
+		// RFC 1337: a RST must not cut TIME-WAIT short (the
+		// "assassination" hazard); the timer runs out as it would.
+		if c.state == StateTimeWait {
+			return
+		}
+		if seg.Seq != c.rcvNxt() {
+			c.challengeAck(now)
+			return
+		}
+		switch c.state {
+		case StateSynRcvd:
+			if c.listener != nil {
+				c.terminate(ErrReset) // back to LISTEN: the listener forgets it
+			} else {
+				c.terminate(ErrRefused)
+			}
+		case StateClosing, StateLastAck:
+			c.terminate(nil)
+		default:
+			c.terminate(ErrReset)
+		}
+		return
+	}
+
+	// Fourth: SYN in a synchronized state (RFC 5961 §4.2): challenge ACK.
+	if seg.has(header.TCPFlagSYN) {
+		if c.state == StateSynRcvd && seg.Seq.Add(1) == c.rcvNxt() {
+			// The peer did not get our SYN-ACK: send it again.
+			c.sndNxt = c.iss
+			c.wantOutput()
+			return
+		}
+		c.challengeAck(now)
+		return
+	}
+
+	// Fifth: ACK.
+	if !seg.has(header.TCPFlagACK) {
+		return
+	}
+	if c.state == StateSynRcvd {
+		if !(c.sndUna.LessThan(seg.Ack) && seg.Ack.LessEq(c.sndNxt)) {
+			c.stack.queueRST(c.id, seg.Ack, 0, false)
+			return
+		}
+		c.established(now, seg, true)
+	}
+	// RFC 5961 §5.2: the ACK must lie in [SND.UNA - MAX.SND.WND, SND.NXT].
+	if c.sndMax.LessThan(seg.Ack) {
+		c.sendAck()
+		return
+	}
+	if seg.Ack.LessThan(c.sndUna.Add(-max(c.maxSndWnd, 1))) {
+		c.challengeAck(now)
+		return
+	}
+	c.processAck(now, seg)
+	if c.state == StateClosed {
+		return
+	}
+	if c.finQueued && c.finSentNow() && c.sndUna == c.finSeqNum().Add(1) {
+		switch c.state {
+		case StateFinWait1:
+			c.state = StateFinWait2
+		case StateClosing:
+			c.enterTimeWait(now)
+		case StateLastAck:
+			c.terminate(nil)
+			return
+		}
+	}
+	if c.state == StateTimeWait {
+		return
+	}
+
+	// Seventh: payload.
+	if len(seg.Payload) > 0 {
+		switch c.state {
+		case StateEstablished, StateFinWait1, StateFinWait2:
+			c.receiveData(now, seg.Seq, seg.Payload, seg.has(header.TCPFlagPSH))
+		}
+	}
+	// Eighth: FIN.
+	if seg.has(header.TCPFlagFIN) {
+		c.receiveFIN(now, seg.Seq.Add(len(seg.Payload)))
+	}
+	c.keepaliveReset(now)
+}
+
+// acceptable is the RFC 9293 §3.10.7.4 segment acceptability test.
+func (c *Conn) acceptable(seg *Segment) bool {
+	n := seg.seqLen()
+	nxt := c.rcvNxt()
+	wnd := c.rcv.window()
+	if c.finRcvd {
+		wnd = 0
+	}
+	switch {
+	case n == 0 && wnd == 0:
+		return seg.Seq == nxt
+	case n == 0:
+		return seg.Seq.InWindow(nxt, uint32(wnd))
+	case wnd == 0:
+		return false
+	default:
+		return seg.Seq.InWindow(nxt, uint32(wnd)) || seg.Seq.Add(n-1).InWindow(nxt, uint32(wnd))
+	}
+}
+
+// trim cuts what lies outside the receive window off an acceptable segment.
+func (c *Conn) trim(seg *Segment) {
+	nxt := c.rcvNxt()
+	if seg.Seq.LessThan(nxt) {
+		d := nxt.Sub(seg.Seq)
+		if seg.has(header.TCPFlagSYN) {
+			seg.Flags &^= header.TCPFlagSYN
+			d--
+			seg.Seq++
+		}
+		d = min(d, len(seg.Payload))
+		seg.Payload = seg.Payload[d:]
+		seg.Seq = seg.Seq.Add(d)
+	}
+	right := nxt.Add(c.rcv.window())
+	if end := seg.Seq.Add(len(seg.Payload)); right.LessThan(end) {
+		seg.Payload = seg.Payload[:max(right.Sub(seg.Seq), 0)]
+		seg.Flags &^= header.TCPFlagFIN
+	}
+}
+
+// sendAck queues an immediate ACK.
+func (c *Conn) sendAck() {
+	c.ackNow = true
+	c.wantOutput()
+}
+
+// challengeAck sends a challenge ACK, rate-limited (RFC 5961 §7).
+func (c *Conn) challengeAck(now Time) {
+	if c.stack.challengeAllowed(now) {
+		c.Stats.ChallengeACKs++
+		c.sendAck()
+	}
+}
+
+// inputSynSent handles a segment in SYN-SENT (RFC 9293 §3.10.7.3).
+func (c *Conn) inputSynSent(now Time, seg *Segment) {
+	ackOK := false
+	if seg.has(header.TCPFlagACK) {
+		if seg.Ack.LessEq(c.iss) || c.sndMax.LessThan(seg.Ack) {
+			if !seg.has(header.TCPFlagRST) {
+				c.stack.queueRST(c.id, seg.Ack, 0, false)
+			}
+			return
+		}
+		ackOK = true
+	}
+	if seg.has(header.TCPFlagRST) {
+		if ackOK {
+			c.terminate(ErrRefused)
+		}
+		return
+	}
+	if !seg.has(header.TCPFlagSYN) {
+		return
+	}
+	c.irs = seg.Seq
+	c.rcv.start = seg.Seq + 1
+	c.rcvAdv = c.rcv.start
+	c.negotiate(now, &seg.Opts)
+	if ackOK {
+		c.established(now, seg, false)
+		c.processAck(now, seg)
+		c.sendAck()
+		return
+	}
+	// Simultaneous open (§3.5, figure 8): answer with SYN-ACK.
+	c.state = StateSynRcvd
+	c.sndNxt = c.iss
+	c.wantOutput()
+}
+
+// negotiate applies the options of the peer's SYN (RFC 9293 §3.7.1,
+// RFC 7323 §1.3, RFC 2018 §2).
+func (c *Conn) negotiate(now Time, o *header.TCPOptions) {
+	opts := &c.stack.opts
+	c.peerMSS = 536 // RFC 9293 §3.7.1 default
+	if o.HasMSS && o.MSS > 0 {
+		c.peerMSS = max(int(o.MSS), 64)
+	}
+	c.wsOK = o.HasWindowScale && !opts.DisableWindowScale
+	if c.wsOK {
+		c.sndWS = min(o.WindowScale, 14) // RFC 7323 §2.3
+	} else {
+		c.sndWS, c.rcvWS = 0, 0
+	}
+	c.sackOK = o.SACKPermitted && !opts.DisableSACK
+	c.tsOK = o.HasTimestamp && !opts.DisableTimestamps
+	if c.tsOK {
+		c.tsRecent, c.tsRecentAt = o.TSVal, now
+	}
+	c.mss = min(c.peerMSS, mssFor(opts.MTU, c.v6()))
+	if c.tsOK {
+		c.mss -= tsOptLen
+	}
+	c.win.MSS = c.mss
+	// RFC 6928 initial window of ten segments, as Linux.
+	c.win.Cwnd = 10 * c.mss
+	c.win.Ssthresh = 1 << 30
+}
+
+// established moves to ESTABLISHED. ackScaled says the segment's window is
+// scaled (it is not a SYN).
+func (c *Conn) established(now Time, seg *Segment, ackScaled bool) {
+	c.state = StateEstablished
+	w := int(seg.Window)
+	if ackScaled {
+		w <<= c.sndWS
+	}
+	c.sndWnd, c.maxSndWnd = w, w
+	c.sndWl1, c.sndWl2 = seg.Seq, seg.Ack
+	c.quickAcks = c.stack.opts.QuickACKs
+	c.keepaliveReset(now)
+	if c.listener != nil {
+		c.listener.established(c)
+	}
+	if c.h != nil {
+		c.h.Event(c, EventEstablished)
+	}
+}
+
+// processAck handles the acknowledgment, window and SACK fields of an
+// acceptable segment (RFC 9293 §3.10.7.4 fifth, RFC 5681, RFC 6675).
+func (c *Conn) processAck(now Time, seg *Segment) {
+	ack := seg.Ack
+	// Window update, with SND.WL1/WL2 guarding against old segments.
+	wnd := int(seg.Window) << c.sndWS
+	if seg.has(header.TCPFlagSYN) {
+		wnd = int(seg.Window)
+	}
+	windowChanged := false
+	if c.sndWl1.LessThan(seg.Seq) || (c.sndWl1 == seg.Seq && c.sndWl2.LessEq(ack)) {
+		windowChanged = wnd != c.sndWnd
+		c.sndWnd = wnd
+		c.sndWl1, c.sndWl2 = seg.Seq, ack
+		c.maxSndWnd = max(c.maxSndWnd, wnd)
+		if wnd > 0 && c.persist {
+			c.persist, c.rtoAt, c.backoff = false, 0, 0
+			c.stack.timerChanged(c)
+		}
+		if windowChanged {
+			c.wantOutput()
+		}
+	}
+	// SACK blocks (RFC 2018 §4): only ranges above SND.UNA and not
+	// beyond what was sent count; D-SACKs below SND.UNA are ignored.
+	newSACK := false
+	if c.sackOK {
+		for i := 0; i < seg.Opts.NumSACK; i++ {
+			b := span{Seq(seg.Opts.SACK[i].Start), Seq(seg.Opts.SACK[i].End)}
+			c.Stats.SACKBlocksIn++
+			if !b.start.LessThan(b.end) || !ack.LessThan(b.end) || c.sndMax.LessThan(b.end) {
+				continue
+			}
+			b.start = maxSeq(b.start, ack)
+			if c.sb.add(b) {
+				newSACK = true
+			}
+		}
+	}
+	if c.tsOK && seg.Opts.HasTimestamp && int32(seg.Opts.TSVal-c.tsRecent) >= 0 && seg.Seq.LessEq(c.lastAckSent) {
+		// RFC 7323 §4.3: TS.Recent from the segment that covers the
+		// last ACK sent.
+		c.tsRecent, c.tsRecentAt = seg.Opts.TSVal, now
+	}
+
+	acked := ack.Sub(c.sndUna)
+	if acked > 0 {
+		flightBefore := c.flight()
+		c.rttFromAck(now, seg, ack)
+		c.backoff = 0
+		c.sndUna = ack
+		c.snd.release(minSeq(ack, c.snd.end()))
+		c.sb.release(ack)
+		if c.sndNxt.LessThan(ack) {
+			c.sndNxt = ack
+		}
+		if c.highRxt.LessThan(ack) {
+			c.highRxt = ack
+		}
+		dataAcked := acked
+		if c.finQueued && c.sndUna == c.finSeqNum().Add(1) {
+			dataAcked--
+		}
+		if c.inRecovery {
+			if c.recoverSeq.LessEq(ack) {
+				c.inRecovery = false // RFC 6675 §5: recovery point reached
+				c.win.Cwnd = max(min(c.win.Ssthresh, c.flight()+c.mss), c.mss)
+			} else if c.sb.empty() {
+				// RFC 6582 §3.2 step 5: a partial ACK without SACK
+				// retransmits the next unacknowledged segment.
+				c.retransmitUna = true
+			}
+		} else {
+			c.cc.OnAck(now, dataAcked, flightBefore+c.mss > c.win.Cwnd, c.srtt)
+		}
+		c.dupAcks = 0
+		// RFC 6298 §5.2-5.3.
+		if c.flight() == 0 {
+			if !c.persist {
+				c.rtoAt = 0
+				c.stack.timerChanged(c)
+			}
+		} else {
+			c.armRTO(now)
+		}
+		if c.writeShort && c.snd.free() > 0 && c.h != nil {
+			c.writeShort = false
+			c.h.Event(c, EventWritable)
+		}
+		c.wantOutput()
+	} else if acked == 0 && len(seg.Payload) == 0 && !seg.has(header.TCPFlagSYN|header.TCPFlagFIN) &&
+		!windowChanged && c.flight() > 0 {
+		// A duplicate ACK (RFC 5681 §2).
+		c.dupAcks++
+		c.Stats.DupAcksIn++
+		if c.inRecovery {
+			c.wantOutput() // the pipe shrank
+		}
+	}
+	if newSACK && c.inRecovery {
+		c.wantOutput()
+	}
+	c.detectLoss(now)
+}
+
+// detectLoss enters fast recovery on DupThresh duplicate ACKs or when SACK
+// shows the first unacknowledged segment lost (RFC 6675 §5, RFC 5681
+// §3.2), at most once per window of data (RFC 6582 §3.2 step 1).
+func (c *Conn) detectLoss(now Time) {
+	if c.inRecovery || c.flight() == 0 || !c.state.synchronized() {
+		return
+	}
+	lost := c.dupAcks >= dupThresh
+	if !lost && c.sackOK {
+		if b, ok := c.sb.lostBelow(c.mss); ok && c.sndUna.LessThan(b) {
+			lost = true
+		}
+	}
+	if !lost || (c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) {
+		return
+	}
+	c.inRecovery, c.recoverValid = true, true
+	c.recoverSeq = c.sndMax
+	c.highRxt = c.sndUna
+	c.cc.OnLoss(now, c.flight())
+	c.Stats.FastRetransmits++
+	c.retransmitUna = true
+	c.quickAcks = 0
+	c.wantOutput()
+}
+
+// rttFromAck takes a round-trip sample from an ACK of new data: from the
+// echoed timestamp (RFC 7323 §4.1), else from the one timed segment,
+// never from a retransmission (Karn).
+func (c *Conn) rttFromAck(now Time, seg *Segment, ack Seq) {
+	if c.tsOK && seg.Opts.HasTimestamp && seg.Opts.TSEcr != 0 {
+		ms := int32(c.tsNow(now) - seg.Opts.TSEcr)
+		if ms >= 0 && c.backoff == 0 {
+			c.rtoSample(time.Duration(ms) * time.Millisecond)
+		}
+		return
+	}
+	if c.rttTiming && c.rttSeq.LessThan(ack) {
+		c.rttTiming = false
+		if c.backoff == 0 {
+			c.rtoSample(now.Sub(c.rttAt))
+		}
+	}
+}
+
+// receiveData takes in-window payload at seq (RFC 9293 §3.10.7.4 seventh).
+func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
+	nxt := c.rcvNxt()
+	c.Stats.OctetsIn += uint64(len(p))
+	if seq != nxt {
+		// Out of order: hold it and ACK at once with SACK (RFC 5681
+		// §4.2, RFC 2018).
+		c.Stats.OutOfOrder++
+		if !c.rcv.addOOO(seq, p) {
+			c.Stats.Dropped++
+		}
+		c.dupAcksOwed = min(c.dupAcksOwed+1, 64)
+		c.sendAck()
+		return
+	}
+	hadHoles := len(c.rcv.ooo) > 0
+	if c.rcv.n == 0 && c.h != nil {
+		k := c.h.Receive(c, p)
+		c.rcv.skip(k)
+		p = p[k:]
+	}
+	wasEmpty := c.rcv.n == 0
+	c.rcv.put(c.rcvNxt(), p)
+	c.rcv.advance(len(p))
+	if hadHoles {
+		c.deliverBuffered()
+		c.sendAck() // a hole filled: ACK at once (RFC 5681 §4.2)
+	} else if c.rcv.n > 0 && c.h != nil {
+		c.deliverBuffered()
+	}
+	if wasEmpty && c.rcv.n > 0 && c.h != nil {
+		c.h.Event(c, EventReadable)
+	}
+	if c.finPending && c.finSeq == c.rcvNxt() {
+		c.receiveFIN(now, c.finSeq)
+	}
+	// ACK at least every second full segment (RFC 5681 §4.2), at once
+	// in quick-ACK mode, otherwise within the delayed-ACK time.
+	c.unacked++
+	switch {
+	case c.quickAcks > 0:
+		c.quickAcks--
+		c.sendAck()
+	case c.unacked >= 2:
+		c.sendAck()
+	case c.delackAt == 0:
+		c.delackAt = now.Add(c.stack.opts.DelayedACK)
+		c.stack.timerChanged(c)
+	}
+}
+
+// deliverBuffered offers held in-order octets to the Handler.
+func (c *Conn) deliverBuffered() {
+	took := false
+	for c.rcv.n > 0 {
+		b := c.rcv.peek()
+		k := c.h.Receive(c, b)
+		c.rcv.consume(k)
+		took = took || k > 0
+		if k < len(b) {
+			break
+		}
+	}
+	if took {
+		c.windowOpened()
+	}
+}
+
+// receiveFIN handles the peer's FIN at sequence number at (§3.10.7.4 eighth).
+func (c *Conn) receiveFIN(now Time, at Seq) {
+	if c.finRcvd {
+		return
+	}
+	if at != c.rcvNxt() {
+		c.finPending, c.finSeq = true, at // after a hole: wait for it
+		c.sendAck()
+		return
+	}
+	c.finRcvd, c.finPending = true, false
+	c.sendAck()
+	switch c.state {
+	case StateSynRcvd, StateEstablished:
+		c.state = StateCloseWait
+	case StateFinWait1:
+		if c.sndUna == c.finSeqNum().Add(1) {
+			c.enterTimeWait(now)
+		} else {
+			c.state = StateClosing // simultaneous close (§3.6, figure 13)
+		}
+	case StateFinWait2:
+		c.enterTimeWait(now)
+	}
+	if c.h != nil {
+		c.h.Event(c, EventPeerClosed)
+	}
+}
+
+// enterTimeWait starts TIME-WAIT (2*MSL).
+func (c *Conn) enterTimeWait(now Time) {
+	c.state = StateTimeWait
+	c.rtoAt, c.keepAt, c.delackAt = 0, 0, 0
+	c.persist = false
+	c.twAt = now.Add(c.stack.opts.TimeWait)
+	c.stack.timerChanged(c)
+}

@@ -1,0 +1,312 @@
+package tcp
+
+import (
+	"github.com/softrnic/softrnic/header"
+)
+
+// MaxHeader is the largest TCP header Output writes: 20 octets and 40 of
+// options. Output buffers need room for MaxHeader plus the MSS.
+const MaxHeader = 60
+
+// tsOptLen is the space timestamps take in every segment (RFC 7323 §3.2,
+// NOP NOP TS as Linux lays them out).
+const tsOptLen = 12
+
+// output writes the connection's next segment into b and returns its
+// length, or 0 when it has nothing to send now.
+func (c *Conn) output(now Time, b []byte) int {
+	switch c.state {
+	case StateClosed, StateListen:
+		return 0
+	case StateSynSent, StateSynRcvd:
+		if c.sndNxt == c.iss {
+			return c.sendSYN(now, b)
+		}
+		if c.state == StateSynSent {
+			return 0
+		}
+	}
+	if c.state.synchronized() && c.state != StateTimeWait {
+		if n := c.sendData(now, b); n > 0 {
+			return n
+		}
+		if c.sendProbe {
+			c.sendProbe = false
+			return c.sendProbeSegment(now, b)
+		}
+	}
+	if c.ackNow || c.dupAcksOwed > 0 {
+		return c.build(now, b, c.sndNxt, header.TCPFlagACK, 0)
+	}
+	return 0
+}
+
+// sendSYN sends the SYN (active open) or SYN-ACK (passive open) with the
+// options we offer (RFC 9293 §3.7.1, RFC 7323, RFC 2018).
+func (c *Conn) sendSYN(now Time, b []byte) int {
+	flags := uint8(header.TCPFlagSYN)
+	if c.state == StateSynRcvd {
+		flags |= header.TCPFlagACK
+	}
+	if c.sndMax != c.iss {
+		c.Stats.Retransmits++
+	}
+	n := c.build(now, b, c.iss, flags, 0)
+	c.sndNxt = c.iss + 1
+	c.sndMax = maxSeq(c.sndMax, c.sndNxt)
+	if c.rtoAt == 0 {
+		c.armRTO(now)
+	}
+	if !c.tsOK && !c.rttTiming && c.backoff == 0 {
+		c.rttTiming, c.rttSeq, c.rttAt = true, c.iss, now
+	}
+	return n
+}
+
+// finSeq is the sequence number of our FIN: right after the data.
+func (c *Conn) finSeqNum() Seq { return c.snd.end() }
+
+// finSentNow: the FIN has been sent (and not rolled back by an RTO).
+func (c *Conn) finSentNow() bool { return c.finQueued && c.sndNxt == c.finSeqNum().Add(1) }
+
+// sendData sends retransmissions, new data or the FIN, as loss recovery,
+// the congestion window and the peer's window allow.
+func (c *Conn) sendData(now Time, b []byte) int {
+	if c.state != StateEstablished && c.state != StateCloseWait &&
+		c.state != StateFinWait1 && c.state != StateClosing && c.state != StateLastAck {
+		return 0
+	}
+	optLen := c.dataOptionsLen()
+	maxPayload := min(c.peerMSS, mssFor(c.stack.opts.MTU, c.v6())) - optLen
+	maxPayload = min(maxPayload, len(b)-20-optLen)
+
+	if c.retransmitUna {
+		c.retransmitUna = false
+		if n := min(c.snd.end().Sub(c.sndUna), maxPayload); n > 0 || c.finSentNow() {
+			c.highRxt = maxSeq(c.highRxt, c.sndUna.Add(n))
+			c.Stats.Retransmits++
+			fin := c.finQueued && c.sndUna.Add(n) == c.finSeqNum() && c.finSentNow()
+			return c.sendSegment(now, b, c.sndUna, n, fin)
+		}
+	}
+	// RFC 6675 §5 (NextSeg rule 1): retransmit the first lost hole.
+	if c.inRecovery && c.pipe()+c.mss <= c.win.Cwnd {
+		if lost, ok := c.sb.lostBelow(c.mss); ok {
+			from := maxSeq(c.highRxt, c.sndUna)
+			if h, ok := c.sb.nextHole(from, minSeq(lost, c.sndNxt), maxPayload); ok {
+				c.highRxt = h.end
+				c.Stats.Retransmits++
+				return c.sendSegment(now, b, h.start, h.len(), false)
+			}
+		}
+	}
+
+	unsent := c.snd.end().Sub(c.sndNxt)
+	wnd := min(c.win.Cwnd, c.sndWnd)
+	var usable int
+	if c.inRecovery {
+		// NextSeg rule 2: new data as the pipe allows.
+		usable = min(c.win.Cwnd-c.pipe(), c.sndUna.Add(c.sndWnd).Sub(c.sndNxt))
+	} else {
+		usable = c.sndUna.Add(wnd).Sub(c.sndNxt)
+	}
+	if f, ok := c.h.(Filler); ok && unsent < usable && !c.finQueued {
+		for unsent < usable {
+			t := c.snd.tail()
+			if len(t) == 0 {
+				break
+			}
+			k := f.Fill(c, t[:min(len(t), usable-unsent)])
+			if k <= 0 {
+				break
+			}
+			c.snd.n += k
+			unsent += k
+		}
+	}
+	if unsent > 0 {
+		n := min(unsent, maxPayload, usable)
+		if n <= 0 {
+			if c.sndWnd == 0 && c.flight() == 0 && c.rtoAt == 0 {
+				c.armPersist(now) // RFC 9293 §3.8.6.1
+			}
+			return 0
+		}
+		// Sender SWS avoidance (RFC 9293 §3.8.6.2.1), without Nagle:
+		// a full segment, everything queued, half the largest window
+		// the peer offered, or nothing in flight to wait for.
+		if n < maxPayload && n < unsent && n < c.maxSndWnd/2 && c.flight() > 0 {
+			return 0
+		}
+		fin := c.finQueued && c.sndNxt.Add(n) == c.finSeqNum()
+		return c.sendSegment(now, b, c.sndNxt, n, fin)
+	}
+	if c.finQueued && c.sndNxt == c.finSeqNum() {
+		return c.sendSegment(now, b, c.sndNxt, 0, true)
+	}
+	return 0
+}
+
+// sendSegment sends n octets from seq (and the FIN after them), advancing
+// SND.NXT when it sends beyond it.
+func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool) int {
+	flags := uint8(header.TCPFlagACK)
+	if fin {
+		flags |= header.TCPFlagFIN
+	}
+	if n > 0 && seq.Add(n) == c.snd.end() {
+		flags |= header.TCPFlagPSH
+	}
+	retrans := seq.LessThan(c.sndMax)
+	if retrans && seq == c.sndNxt {
+		c.Stats.Retransmits++
+	}
+	hdr := c.build(now, b, seq, flags, n)
+	if n > 0 {
+		c.snd.read(b[hdr-n:hdr], seq)
+		c.Stats.OctetsOut += uint64(n)
+		// The checksum covers the payload: fill it before summing.
+		header.TCP(b[:hdr]).SetChecksum(c.id.LocalAddr, c.id.RemoteAddr)
+	}
+	end := seq.Add(n)
+	if fin {
+		end = end.Add(1)
+	}
+	if c.sndNxt.LessThan(end) {
+		c.sndNxt = end
+	}
+	if c.sndMax.LessThan(c.sndNxt) {
+		c.sndMax = c.sndNxt
+	}
+	if c.rtoAt == 0 || c.persist {
+		c.armRTO(now)
+	}
+	if !c.tsOK && !c.rttTiming && !retrans && n > 0 {
+		c.rttTiming, c.rttSeq, c.rttAt = true, seq, now
+	}
+	if fin && c.state == StateEstablished {
+		c.state = StateFinWait1
+	} else if fin && c.state == StateCloseWait {
+		c.state = StateLastAck
+	}
+	return hdr
+}
+
+// sendProbeSegment sends a zero-window probe (one octet past the window,
+// RFC 9293 §3.8.6.1) or a keepalive (SND.UNA-1, no data, §3.8.4).
+func (c *Conn) sendProbeSegment(now Time, b []byte) int {
+	if c.sndWnd == 0 && c.snd.end().Sub(c.sndUna) > 0 {
+		hdr := c.build(now, b, c.sndUna, header.TCPFlagACK, 1)
+		c.snd.read(b[hdr-1:hdr], c.sndUna)
+		header.TCP(b[:hdr]).SetChecksum(c.id.LocalAddr, c.id.RemoteAddr)
+		return hdr
+	}
+	return c.build(now, b, c.sndUna-1, header.TCPFlagACK, 0)
+}
+
+func (c *Conn) v6() bool { return c.id.LocalAddr.Is6() && !c.id.LocalAddr.Is4In6() }
+
+// tsNow is our timestamp clock: milliseconds plus a per-connection offset
+// (RFC 7323 §5.4).
+func (c *Conn) tsNow(now Time) uint32 { return uint32(int64(now)/1e6) + c.tsOffset }
+
+// dataOptionsLen is the option space of a non-SYN segment now.
+func (c *Conn) dataOptionsLen() int {
+	var o header.TCPOptions
+	c.fillOptions(&o, 0, false)
+	return header.TCPOptionsLen(&o)
+}
+
+func (c *Conn) fillOptions(o *header.TCPOptions, now Time, syn bool) {
+	if syn {
+		o.MSS, o.HasMSS = uint16(mssFor(c.stack.opts.MTU, c.v6())), true
+		if c.state == StateSynSent || c.wsOK {
+			if !c.stack.opts.DisableWindowScale {
+				o.WindowScale, o.HasWindowScale = c.rcvWS, true
+			}
+		}
+		if (c.state == StateSynSent && !c.stack.opts.DisableSACK) || c.sackOK {
+			o.SACKPermitted = true
+		}
+		if (c.state == StateSynSent && !c.stack.opts.DisableTimestamps) || c.tsOK {
+			o.HasTimestamp = true
+			o.TSVal, o.TSEcr = c.tsNow(now), c.tsRecent
+		}
+		return
+	}
+	if c.tsOK {
+		o.HasTimestamp = true
+		o.TSVal, o.TSEcr = c.tsNow(now), c.tsRecent
+	}
+	if c.sackOK && len(c.rcv.ooo) > 0 {
+		var blocks [header.MaxSACKBlocks]span
+		n := c.rcv.sackBlocks(blocks[:])
+		for i := 0; i < n; i++ {
+			o.SACK[i] = header.SACKBlock{Start: uint32(blocks[i].start), End: uint32(blocks[i].end)}
+		}
+		o.NumSACK = n
+	}
+}
+
+// advertise returns the window to put in a segment, unscaled, moving the
+// advertised right edge forward only by useful amounts (receiver SWS
+// avoidance, RFC 9293 §3.8.6.2.2) and never back (§3.8.6.1).
+func (c *Conn) advertise() int {
+	edge := c.rcv.rightEdge()
+	grow := edge.Sub(c.rcvAdv)
+	if c.rcvAdv.LessThan(edge) && (grow >= min(len(c.rcv.b)/2, c.mss) || c.rcvAdv.LessEq(c.rcvNxt())) {
+		c.rcvAdv = edge
+	}
+	return max(c.rcvAdv.Sub(c.rcvNxt()), 0)
+}
+
+// rcvNxt is RCV.NXT: after the octets received in order, and the FIN.
+func (c *Conn) rcvNxt() Seq {
+	n := c.rcv.start.Add(c.rcv.n)
+	if c.finRcvd {
+		n++
+	}
+	return n
+}
+
+// build writes a segment header (and options) for payload octets that the
+// caller copies in after it, and returns the segment's total length. For
+// n == 0 the checksum is final; otherwise the caller sets it after copying
+// the payload.
+func (c *Conn) build(now Time, b []byte, seq Seq, flags uint8, n int) int {
+	syn := flags&header.TCPFlagSYN != 0
+	var o header.TCPOptions
+	c.fillOptions(&o, now, syn)
+	optLen := header.EncodeTCPOptions(b[20:], &o)
+	var ack Seq
+	if flags&header.TCPFlagACK != 0 {
+		ack = c.rcvNxt()
+	}
+	wnd := c.advertise()
+	if syn {
+		wnd = min(wnd, 65535) // RFC 7323 §2.2: SYN windows are never scaled
+	} else {
+		wnd = min(wnd>>c.rcvWS, 65535)
+	}
+	t := header.TCP(b)
+	t.Encode(&header.TCPFields{
+		SrcPort: c.id.LocalPort, DstPort: c.id.RemotePort,
+		Seq: uint32(seq), Ack: uint32(ack), Flags: flags, Window: uint16(wnd),
+		OptionsLen: optLen,
+	})
+	total := 20 + optLen + n
+	if n == 0 {
+		header.TCP(b[:total]).SetChecksum(c.id.LocalAddr, c.id.RemoteAddr)
+	}
+	if flags&header.TCPFlagACK != 0 {
+		if n == 0 && c.dupAcksOwed > 0 {
+			c.dupAcksOwed--
+		}
+		c.ackNow = false
+		c.unacked = 0
+		c.delackAt = 0
+		c.lastAckSent = ack
+	}
+	c.Stats.SegmentsOut++
+	return total
+}

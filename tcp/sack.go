@@ -1,0 +1,141 @@
+package tcp
+
+// dupThresh is DupThresh of RFC 6675 §2 and RFC 5681 §3.2.
+const dupThresh = 3
+
+// maxScoreboard bounds the SACKed ranges the sender remembers.
+const maxScoreboard = 64
+
+// scoreboard is the sender's record of SACKed ranges above SND.UNA (RFC
+// 6675 §3): sorted, disjoint, not adjacent.
+type scoreboard struct {
+	s      []span
+	sacked int // octets covered
+}
+
+func (sb *scoreboard) reset() { sb.s, sb.sacked = sb.s[:0], 0 }
+
+// empty: nothing is SACKed.
+func (sb *scoreboard) empty() bool { return len(sb.s) == 0 }
+
+// highest is the end of the highest SACKed range.
+func (sb *scoreboard) highest() Seq { return sb.s[len(sb.s)-1].end }
+
+// add records a SACK block, already checked to lie in (SND.UNA, SND.MAX].
+// It returns whether it covered anything new.
+func (sb *scoreboard) add(b span) bool {
+	i := 0
+	for i < len(sb.s) && sb.s[i].end.LessThan(b.start) {
+		i++
+	}
+	j := i
+	merged := b
+	for j < len(sb.s) && sb.s[j].start.LessEq(b.end) {
+		merged.start = minSeq(merged.start, sb.s[j].start)
+		merged.end = maxSeq(merged.end, sb.s[j].end)
+		j++
+	}
+	if j == i+1 && sb.s[i] == merged {
+		return false // nothing new
+	}
+	if i == j && len(sb.s) == maxScoreboard {
+		return false
+	}
+	old := 0
+	for k := i; k < j; k++ {
+		old += sb.s[k].len()
+	}
+	if i == j {
+		sb.s = append(sb.s, span{})
+		copy(sb.s[i+1:], sb.s[i:])
+	} else if j > i+1 {
+		sb.s = append(sb.s[:i+1], sb.s[j:]...)
+	}
+	sb.s[i] = merged
+	sb.sacked += merged.len() - old
+	return true
+}
+
+// release forgets what lies below una (cumulatively acknowledged).
+func (sb *scoreboard) release(una Seq) {
+	k := 0
+	for k < len(sb.s) && sb.s[k].end.LessEq(una) {
+		sb.sacked -= sb.s[k].len()
+		k++
+	}
+	if k > 0 {
+		sb.s = sb.s[:copy(sb.s, sb.s[k:])]
+	}
+	if len(sb.s) > 0 && sb.s[0].start.LessThan(una) {
+		sb.sacked -= una.Sub(sb.s[0].start)
+		sb.s[0].start = una
+	}
+}
+
+// lostBelow returns the sequence number under which every un-SACKed octet
+// counts as lost (RFC 6675 §4 IsLost: more than (DupThresh-1)*SMSS octets
+// SACKed above it, or DupThresh discontiguous SACKed ranges above it).
+// ok is false when nothing is lost.
+func (sb *scoreboard) lostBelow(mss int) (Seq, bool) {
+	above := 0
+	for i := len(sb.s) - 1; i >= 0; i-- {
+		r := sb.s[i]
+		above += r.len()
+		// Every hole below r has r and the ranges above it SACKed
+		// above it; holes are never inside a range.
+		if len(sb.s)-i >= dupThresh || above > (dupThresh-1)*mss {
+			return r.start, true
+		}
+	}
+	return 0, false
+}
+
+// isSacked: seq was SACKed.
+func (sb *scoreboard) isSacked(seq Seq) bool {
+	for _, r := range sb.s {
+		if seq.LessThan(r.start) {
+			return false
+		}
+		if seq.LessThan(r.end) {
+			return true
+		}
+	}
+	return false
+}
+
+// nextHole returns the first un-SACKed range at or after from and before
+// limit, at most max octets long.
+func (sb *scoreboard) nextHole(from, limit Seq, max int) (span, bool) {
+	for _, r := range sb.s {
+		if r.end.LessEq(from) {
+			continue
+		}
+		if from.LessThan(r.start) {
+			end := minSeq(r.start, limit)
+			if !from.LessThan(end) {
+				return span{}, false
+			}
+			if end.Sub(from) > max {
+				end = from.Add(max)
+			}
+			return span{from, end}, true
+		}
+		from = r.end // inside a SACKed range: skip it
+	}
+	return span{}, false
+}
+
+// holeOctets counts un-SACKed octets in [from, to).
+func (sb *scoreboard) holeOctets(from, to Seq) int {
+	if !from.LessThan(to) {
+		return 0
+	}
+	n := to.Sub(from)
+	for _, r := range sb.s {
+		lo, hi := maxSeq(r.start, from), minSeq(r.end, to)
+		if lo.LessThan(hi) {
+			n -= hi.Sub(lo)
+		}
+	}
+	return n
+}
