@@ -13,3 +13,5 @@ func BufferedForTest(c *Conn) int    { return c.rcv.n }
 func TSRecentForTest(c *Conn) uint32 { return c.tsRecent }
 func SACKForTest(c *Conn) bool       { return c.sackOK }
 func SndWSForTest(c *Conn) uint8     { return c.sndWS }
+func IssForTest(c *Conn) Seq         { return c.iss }
+func IrsForTest(c *Conn) Seq         { return c.irs }

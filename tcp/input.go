@@ -67,6 +67,7 @@ func (c *Conn) input(now Time, seg *Segment) {
 		}
 		return
 	}
+	syn := seg.has(header.TCPFlagSYN)
 	c.trim(seg)
 
 	// Second: RST (RFC 5961 §3.2): only an exact RCV.NXT resets; any
@@ -96,8 +97,10 @@ func (c *Conn) input(now Time, seg *Segment) {
 		return
 	}
 
-	// Fourth: SYN in a synchronized state (RFC 5961 §4.2): challenge ACK.
-	if seg.has(header.TCPFlagSYN) {
+	// Fourth: SYN in a synchronized state (RFC 5961 §4.2): challenge ACK
+	// and drop, wherever the SYN lies (trimming may have cut it off; its
+	// data is not taken either, as Linux does).
+	if syn {
 		if c.state == StateSynRcvd && seg.Seq.Add(1) == c.rcvNxt() {
 			// The peer did not get our SYN-ACK: send it again.
 			c.sndNxt = c.iss

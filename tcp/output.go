@@ -36,7 +36,11 @@ func (c *Conn) output(now Time, b []byte) int {
 		}
 	}
 	if c.ackNow || c.dupAcksOwed > 0 {
-		return c.build(now, b, c.sndNxt, header.TCPFlagACK, 0)
+		// SEQ = SND.MAX, not SND.NXT: after an RTO, SND.NXT is back at
+		// SND.UNA, below what the peer has received, and a pure ACK
+		// there is an unacceptable segment that Linux drops unread
+		// (BSD's tcp_output does the same).
+		return c.build(now, b, c.sndMax, header.TCPFlagACK, 0)
 	}
 	return 0
 }

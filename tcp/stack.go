@@ -18,9 +18,10 @@ type Stack struct {
 	conns     map[FourTuple]*Conn
 	listeners map[uint16]*Listener
 	timers    timerHeap
-	// outq is a FIFO of connections with something to send; each is on
-	// it at most once (Conn.needsOutput).
-	outq []*Conn
+	// outq[outHead:] is a FIFO of connections with something to send;
+	// each is on it at most once (Conn.needsOutput).
+	outq    []*Conn
+	outHead int
 	// ctl holds segments sent on behalf of no connection: RSTs and SYN
 	// cookie SYN-ACKs. Bounded; when full, new ones are dropped.
 	ctl      []ctlSegment
@@ -355,14 +356,14 @@ func (s *Stack) Output(now Time, b []byte) (n int, src, dst netip.Addr) {
 		cs := &s.ctl[0]
 		n = s.writeCtl(now, b, cs)
 		src, dst = cs.id.LocalAddr, cs.id.RemoteAddr
-		s.ctl = s.ctl[:copy(s.ctl, s.ctl[1:])]
+		s.ctl = s.ctl[:copy(s.ctl, s.ctl[1:])] // rare: RSTs, cookies
 		s.Stats.SegmentsOut++
 		return n, src, dst
 	}
-	for len(s.outq) > 0 {
-		c := s.outq[0]
-		s.outq[0] = nil
-		s.outq = s.outq[1:]
+	for s.outHead < len(s.outq) {
+		c := s.outq[s.outHead]
+		s.outq[s.outHead] = nil
+		s.outHead++
 		if c.released {
 			continue
 		}
@@ -371,12 +372,23 @@ func (s *Stack) Output(now Time, b []byte) (n int, src, dst netip.Addr) {
 			c.needsOutput = false
 			continue
 		}
-		s.outq = append(s.outq, c) // round robin between connections
+		s.pushOutput(c) // round robin between connections
 		s.Stats.SegmentsOut++
 		return n, c.id.LocalAddr, c.id.RemoteAddr
 	}
-	s.outq = s.outq[:0]
+	s.outq, s.outHead = s.outq[:0], 0
 	return 0, src, dst
+}
+
+// pushOutput appends to the output FIFO, reusing the space before its
+// head rather than growing.
+func (s *Stack) pushOutput(c *Conn) {
+	if len(s.outq) == cap(s.outq) && s.outHead > 0 {
+		n := copy(s.outq, s.outq[s.outHead:])
+		clear(s.outq[n:])
+		s.outq, s.outHead = s.outq[:n], 0
+	}
+	s.outq = append(s.outq, c)
 }
 
 func (s *Stack) writeCtl(now Time, b []byte, cs *ctlSegment) int {
@@ -394,7 +406,7 @@ func (s *Stack) writeCtl(now Time, b []byte, cs *ctlSegment) int {
 func (s *Stack) wantOutput(c *Conn) {
 	if !c.needsOutput && !c.released {
 		c.needsOutput = true
-		s.outq = append(s.outq, c)
+		s.pushOutput(c)
 	}
 }
 
