@@ -650,3 +650,109 @@ func TestDelayedACK(t *testing.T) {
 		t.Fatalf("two full segments: ACKs %v", acks)
 	}
 }
+
+// filler produces its stream in place in the send buffer (as MPA builds
+// FPDUs there), Total octets, then closes.
+type filler struct {
+	sim.Endpoint
+	filled uint64
+	calls  int
+}
+
+// Event records the end only: the data comes from Fill, never Write.
+func (f *filler) Event(c *tcp.Conn, ev tcp.Event) {
+	if ev == tcp.EventClosed {
+		f.Closed, f.Err = true, c.Err()
+	}
+}
+
+func (f *filler) Fill(c *tcp.Conn, dst []byte) int {
+	f.calls++
+	n := min(uint64(len(dst)), f.Total-f.filled)
+	sim.FillPattern(f.Seed, f.filled, dst[:n])
+	f.filled += n
+	if f.filled == f.Total && f.CloseWhenDone {
+		f.CloseWhenDone = false
+		c.Close()
+	}
+	return int(n)
+}
+
+// The transmitter pulls from a Filler when the window allows, and
+// retransmissions under loss re-read what it built.
+func TestFillerBuildsInPlace(t *testing.T) {
+	a, b := newStack(t, tcp.Options{}), newStack(t, tcp.Options{})
+	lossy := &sim.Link{Delay: 3 * time.Millisecond, Loss: 0.03, Reorder: 0.02}
+	n := sim.New(3, a, b, lossy, plainLink())
+	srv := &sim.Endpoint{PeerSeed: 5, CloseWhenDone: true}
+	if _, err := b.Listen(netip.Addr{}, port, srv); err != nil {
+		t.Fatal(err)
+	}
+	f := &filler{Endpoint: sim.Endpoint{Seed: 5, Total: 3 << 20, CloseWhenDone: true}}
+	c, err := a.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !n.Run(10*time.Minute, func() bool { return srv.Closed && f.Closed }) {
+		t.Fatalf("received %d of %d", srv.Recvd, f.Total)
+	}
+	if srv.Corrupt != nil || srv.Recvd != f.Total || f.Sent != 0 {
+		t.Fatalf("corrupt %v, received %d, written %d", srv.Corrupt, srv.Recvd, f.Sent)
+	}
+	if c.Stats.Retransmits == 0 || f.calls < 10 {
+		t.Fatalf("%d retransmissions, %d Fill calls: the test did not exercise what it should", c.Stats.Retransmits, f.calls)
+	}
+}
+
+// A new SYN may take over a 4-tuple still in TIME-WAIT when it is beyond
+// the old connection (RFC 9293 §3.10.7.4 note, RFC 6191).
+func TestTimeWaitReuse(t *testing.T) {
+	a, b := newStack(t, tcp.Options{}), newStack(t, tcp.Options{})
+	n := sim.New(1, a, b, plainLink(), plainLink())
+	srv := &sim.Endpoint{Seed: 2, PeerSeed: 1, Total: 1000, CloseWhenDone: true}
+	if _, err := b.Listen(netip.Addr{}, port, srv); err != nil {
+		t.Fatal(err)
+	}
+	// The server closes first, so the server's side lingers in TIME-WAIT.
+	cli := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 1000}
+	c, _ := a.Connect(n.Now, n.A.Addr, 4000, netip.AddrPortFrom(n.B.Addr, port), cli)
+	cli.Conn = c
+	n.Run(time.Second, func() bool { return cli.PeerClosed })
+	c.Close()
+	if !n.Run(time.Second, func() bool { return cli.Closed && srv.Conn.State() == tcp.StateTimeWait }) {
+		t.Fatalf("states %v %v", c.State(), srv.Conn.State())
+	}
+	// Same 4-tuple again, at once.
+	old := srv.Conn
+	cli2 := &sim.Endpoint{Seed: 3, PeerSeed: 4, Total: 5000}
+	c2, err := a.Connect(n.Now.Add(time.Second), n.A.Addr, 4000, netip.AddrPortFrom(n.B.Addr, port), cli2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli2.Conn = c2
+	if !n.Run(time.Second, func() bool { return cli2.Established && srv.Conn != old && srv.Recvd == 1000+5000 }) {
+		t.Fatalf("new connection over TIME-WAIT: %v, server received %d", c2.State(), srv.Recvd)
+	}
+	if old.State() != tcp.StateClosed {
+		t.Fatalf("the TIME-WAIT connection is %v", old.State())
+	}
+}
+
+func TestIPv6(t *testing.T) {
+	a, b := newStack(t, tcp.Options{}), newStack(t, tcp.Options{})
+	n := sim.New(1, a, b, &sim.Link{Delay: time.Millisecond, Loss: 0.01}, plainLink())
+	n.A.Addr, n.B.Addr = netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2")
+	srv := &sim.Endpoint{Seed: 2, PeerSeed: 1, Total: 100000, CloseWhenDone: true}
+	if _, err := b.Listen(netip.Addr{}, port, srv); err != nil {
+		t.Fatal(err)
+	}
+	cli := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 200000, CloseWhenDone: true}
+	c, _ := a.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), cli)
+	cli.Conn = c
+	if !n.Run(time.Minute, func() bool { return cli.Closed && srv.Closed }) || cli.Corrupt != nil || srv.Corrupt != nil || srv.Recvd != 200000 {
+		t.Fatalf("IPv6 transfer: %d/%d, %v %v", srv.Recvd, cli.Recvd, cli.Corrupt, srv.Corrupt)
+	}
+	if c.MSS() != 1500-60-12 {
+		t.Fatalf("IPv6 MSS %d", c.MSS())
+	}
+}
