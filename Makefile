@@ -10,7 +10,8 @@
 #   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
 #   make bench     one run on two namespaces: kernel TCP and iperf3 beside softrnic,
 #                  table, bench/results.json, bench/*.png (MTU=, CRC=)
-#   make microbench Go benchmarks: codecs, engine over loopback, daemon + client
+#   make microbench Go benchmarks: codecs, engine over loopback, daemon + client,
+#                   header checksums, the TCP engine (segments/s, bytes per idle connection)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -c
@@ -82,6 +83,8 @@ microbench:
 	$(GO) test -run '^$$' -bench . -benchmem ./mpa/
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./rnic/
 	$(GO) test -run '^$$' -bench . -benchtime 1s ./client/
+	$(GO) test -run '^$$' -bench 'Checksum|ParseTCPOptions' -benchmem ./header/
+	$(GO) test -run '^$$' -bench 'EngineSegments|IdleConnectionState' -benchmem ./tcp/
 
 clean:
 	rm -rf .tools
