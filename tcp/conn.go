@@ -262,12 +262,9 @@ func (c *Conn) windowOpened() {
 		return
 	}
 	grown := c.rcv.rightEdge().Sub(c.rcvAdv)
-	if grown >= min(len(c.rcv.b)/2, c.mss) {
+	if grown >= min(c.rcv.size/2, c.mss) {
 		c.ackNow = true
 		c.wantOutput()
-	}
-	if c.finRcvd && c.rcv.n == 0 {
-		return
 	}
 }
 

@@ -258,7 +258,7 @@ func (c *Conn) fillOptions(o *header.TCPOptions, now Time, syn bool) {
 func (c *Conn) advertise() int {
 	edge := c.rcv.rightEdge()
 	grow := edge.Sub(c.rcvAdv)
-	if c.rcvAdv.LessThan(edge) && (grow >= min(len(c.rcv.b)/2, c.mss) || c.rcvAdv.LessEq(c.rcvNxt())) {
+	if c.rcvAdv.LessThan(edge) && (grow >= min(c.rcv.size/2, c.mss) || c.rcvAdv.LessEq(c.rcvNxt())) {
 		c.rcvAdv = edge
 	}
 	return max(c.rcvAdv.Sub(c.rcvNxt()), 0)
