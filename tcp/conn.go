@@ -371,9 +371,13 @@ func (c *Conn) rtoFired(now Time) {
 	if c.state.synchronized() && c.flight() > 0 {
 		c.cc.OnRTO(now, c.flight())
 	}
-	// Go back to SND.UNA; SACK information is kept out of caution
-	// reset (RFC 6675 §5.1 allows either; the peer may renege).
-	c.sb.reset()
+	// Go back to SND.UNA. The SACK scoreboard is kept so that the
+	// retransmission skips what the peer holds (RFC 6675 §5.1); if the
+	// peer reneged, the next RTO finds SND.UNA unacknowledged again and
+	// the scoreboard is dropped then.
+	if c.backoff > 1 {
+		c.sb.reset()
+	}
 	c.inRecovery = false
 	c.dupAcks = 0
 	c.sndNxt = c.sndUna

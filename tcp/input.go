@@ -48,8 +48,12 @@ func (c *Conn) input(now Time, seg *Segment) {
 	rst := seg.has(header.TCPFlagRST)
 
 	// RFC 7323 §5.3 PAWS: a segment older than TS.Recent is a duplicate.
+	// A pure ACK that acknowledges nothing new is let through, as
+	// Linux's tcp_disordered_ack does: ACKs reordered among themselves
+	// are common and harmless (the window update rule discards stale
+	// windows).
 	if c.tsOK && seg.Opts.HasTimestamp && !rst && int32(seg.Opts.TSVal-c.tsRecent) < 0 &&
-		now.Sub(c.tsRecentAt) < pawsIdle {
+		now.Sub(c.tsRecentAt) < pawsIdle && !c.disorderedAck(seg) {
 		c.Stats.PAWSDrops++
 		c.sendAck()
 		return
@@ -162,6 +166,12 @@ func (c *Conn) input(now Time, seg *Segment) {
 		c.receiveFIN(now, seg.Seq.Add(len(seg.Payload)))
 	}
 	c.keepaliveReset(now)
+}
+
+// disorderedAck: a pure ACK at RCV.NXT acknowledging nothing new.
+func (c *Conn) disorderedAck(seg *Segment) bool {
+	return len(seg.Payload) == 0 && seg.Flags&(header.TCPFlagSYN|header.TCPFlagFIN) == 0 &&
+		seg.has(header.TCPFlagACK) && seg.Seq == c.rcvNxt() && seg.Ack.LessEq(c.sndUna)
 }
 
 // acceptable is the RFC 9293 §3.10.7.4 segment acceptability test.
@@ -395,14 +405,15 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			c.h.Event(c, EventWritable)
 		}
 		c.wantOutput()
-	} else if acked == 0 && len(seg.Payload) == 0 && !seg.has(header.TCPFlagSYN|header.TCPFlagFIN) &&
-		!windowChanged && c.flight() > 0 {
-		// A duplicate ACK (RFC 5681 §2).
+	} else if acked == 0 && c.flight() > 0 && ((c.sackOK && newSACK) ||
+		(len(seg.Payload) == 0 && !seg.has(header.TCPFlagSYN|header.TCPFlagFIN) && !windowChanged)) {
+		// A duplicate ACK: with SACK, one that SACKs new data whatever
+		// its window or payload (RFC 6675 §2); without, RFC 5681 §2.
 		c.dupAcks++
 		c.Stats.DupAcksIn++
-		if c.inRecovery {
-			c.wantOutput() // the pipe shrank
-		}
+		// In recovery the pipe shrank; before it, Limited Transmit may
+		// send (RFC 3042).
+		c.wantOutput()
 	}
 	if newSACK && c.inRecovery {
 		c.wantOutput()

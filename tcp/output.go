@@ -113,6 +113,19 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		usable = min(c.win.Cwnd-c.pipe(), c.sndUna.Add(c.sndWnd).Sub(c.sndNxt))
 	} else {
 		usable = c.sndUna.Add(wnd).Sub(c.sndNxt)
+		// RFC 3042 Limited Transmit (RFC 5681 §3.2): on the first two
+		// duplicate ACKs, new data up to cwnd plus that many segments,
+		// as the peer's window allows; cwnd itself stays.
+		if k := min(c.dupAcks, dupThresh-1); k > 0 && c.sndNxt == c.sndMax {
+			usable = max(usable, min(c.sndUna.Add(c.win.Cwnd+k*c.mss).Sub(c.sndNxt),
+				c.sndUna.Add(c.sndWnd).Sub(c.sndNxt)))
+		}
+	}
+	// After an RTO, going back over data the peer has SACKed would
+	// resend it for nothing (RFC 6675 §5.1): skip those ranges.
+	if c.sndNxt.LessThan(c.sndMax) && !c.sb.empty() {
+		c.skipSacked()
+		unsent = c.snd.end().Sub(c.sndNxt)
 	}
 	if f, ok := c.h.(Filler); ok && unsent < usable && !c.finQueued {
 		for unsent < usable {
@@ -142,6 +155,12 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		if n < maxPayload && n < unsent && n < c.maxSndWnd/2 && c.flight() > 0 {
 			return 0
 		}
+		if c.sndNxt.LessThan(c.sndMax) {
+			// Stop at the next SACKed range.
+			if h, ok := c.sb.nextHole(c.sndNxt, c.sndMax, n); ok && h.start == c.sndNxt {
+				n = h.len()
+			}
+		}
 		fin := c.finQueued && c.sndNxt.Add(n) == c.finSeqNum()
 		return c.sendSegment(now, b, c.sndNxt, n, fin)
 	}
@@ -149,6 +168,18 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		return c.sendSegment(now, b, c.sndNxt, 0, true)
 	}
 	return 0
+}
+
+// skipSacked moves SND.NXT over SACKed octets while retransmitting.
+func (c *Conn) skipSacked() {
+	for _, r := range c.sb.s {
+		if c.sndNxt.LessThan(r.start) {
+			return
+		}
+		if c.sndNxt.LessThan(r.end) {
+			c.sndNxt = minSeq(r.end, c.sndMax)
+		}
+	}
 }
 
 // sendSegment sends n octets from seq (and the FIN after them), advancing
