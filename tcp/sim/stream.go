@@ -97,6 +97,9 @@ func (e *Endpoint) Pump() {
 	}
 	for e.Sent < e.Total {
 		k := min(uint64(len(e.buf)), e.Total-e.Sent)
+		// Build only what fits; with no space, one octet is enough
+		// for the short Write that asks for EventWritable.
+		k = min(k, max(uint64(c.SendSpace()), 1))
 		FillPattern(e.Seed, e.Sent, e.buf[:k])
 		n, err := c.Write(e.buf[:k])
 		if err != nil {
