@@ -16,6 +16,13 @@ declare -A test_pkgs=(
 	[tcpdump]=tcpdump
 	[ping]=iputils-ping
 	[iperf3]=iperf3
+	[clang]=clang     # bpf: make generate, TestGeneratedUpToDate
+	[llvm-strip]=llvm # bpf: bpf2go strips DWARF from the object
+)
+
+# file -> Debian package, for packages that bring no command
+declare -A test_files=(
+	[/usr/include/bpf/bpf_helpers.h]=libbpf-dev # bpf: libbpf headers
 )
 
 apt_install() {
@@ -37,6 +44,9 @@ test)
 	missing=()
 	for cmd in "${!test_pkgs[@]}"; do
 		command -v "$cmd" >/dev/null 2>&1 || missing+=("${test_pkgs[$cmd]}")
+	done
+	for file in "${!test_files[@]}"; do
+		[ -e "$file" ] || missing+=("${test_files[$file]}")
 	done
 	apt_install "${missing[@]}"
 	;;
