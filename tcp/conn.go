@@ -89,10 +89,15 @@ type Conn struct {
 	// window (fast retransmit, RFC 5681 §3.2 step 3; partial ACKs).
 	retransmitUna bool
 	highRxt       Seq // highest octet retransmitted in this recovery
-	sb            scoreboard
-	win           Window
-	cc            CongestionControl
-	sendProbe     bool // send a window probe or keepalive now
+	// rxtMark is SND.MAX when the last hole was retransmitted: once
+	// data sent after it is SACKed, retransmissions still missing were
+	// lost too (as Linux's tcp_mark_lost_retrans did before RACK).
+	rxtMark      Seq
+	rxtMarkValid bool
+	sb           scoreboard
+	win          Window
+	cc           CongestionControl
+	sendProbe    bool // send a window probe or keepalive now
 
 	// needsOutput: queued on the stack's output list.
 	needsOutput bool
@@ -111,6 +116,7 @@ type ConnStats struct {
 	Retransmits, FastRetransmits  uint64
 	RTOs, DupAcksIn, SACKBlocksIn uint64
 	OutOfOrder, Dropped           uint64
+	LostRetransmits               uint64
 	ChallengeACKs, PAWSDrops      uint64
 }
 

@@ -417,6 +417,14 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 	}
 	if newSACK && c.inRecovery {
 		c.wantOutput()
+		// Data sent after the last retransmission has arrived (by
+		// more than DupThresh segments): retransmissions still
+		// missing below HighRxt were lost; walk the holes again.
+		if c.rxtMarkValid && c.rxtMark.Add(dupThresh*c.mss).LessThan(c.sb.highest()) &&
+			c.sb.holeOctets(c.sndUna, c.highRxt) > 0 {
+			c.highRxt, c.rxtMarkValid = c.sndUna, false
+			c.Stats.LostRetransmits++
+		}
 	}
 	c.detectLoss(now)
 }

@@ -88,6 +88,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		c.retransmitUna = false
 		if n := min(c.snd.end().Sub(c.sndUna), maxPayload); n > 0 || c.finSentNow() {
 			c.highRxt = maxSeq(c.highRxt, c.sndUna.Add(n))
+			c.rxtMark, c.rxtMarkValid = c.sndMax, true
 			c.Stats.Retransmits++
 			fin := c.finQueued && c.sndUna.Add(n) == c.finSeqNum() && c.finSentNow()
 			return c.sendSegment(now, b, c.sndUna, n, fin)
@@ -99,6 +100,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 			from := maxSeq(c.highRxt, c.sndUna)
 			if h, ok := c.sb.nextHole(from, minSeq(lost, c.sndNxt), maxPayload); ok {
 				c.highRxt = h.end
+				c.rxtMark, c.rxtMarkValid = c.sndMax, true
 				c.Stats.Retransmits++
 				return c.sendSegment(now, b, h.start, h.len(), false)
 			}
