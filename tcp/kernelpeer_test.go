@@ -654,9 +654,10 @@ func kpTransfer(t *testing.T, role kpRole, imp kpImpair, size uint64) *kpEngine 
 	e := kpStart(t, tp, tcp.Options{}, imp)
 	ep := newKPEndpoint(e, size)
 	startAt := time.Now()
-	// At least 1 MiB/s, with a minute to spare; worst case, as the
-	// loss variants can be slow.
-	deadline := startAt.Add(time.Minute + time.Duration(size/(1<<20))*time.Second)
+	// At least 256 KiB/s, with a minute to spare: the engine's sender
+	// at 5% loss makes a few hundred KB/s (RTOs on tail losses; see
+	// the issue notes), and SOFTRNIC_TCP_PEER_MIB=256 runs must finish.
+	deadline := startAt.Add(time.Minute + time.Duration(size/(1<<20))*4*time.Second)
 
 	var conn *net.TCPConn
 	switch role {
