@@ -74,9 +74,6 @@ type Conn struct {
 	dupAcksOwed int
 	unacked     int // full segments received since the last ACK
 	quickAcks   int
-	// challenge ACK rate limit (RFC 5961 §7).
-	challengeAt    Time
-	challengeCount int
 
 	// Loss recovery (RFC 6675, RFC 5681).
 	dupAcks    int

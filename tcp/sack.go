@@ -90,19 +90,6 @@ func (sb *scoreboard) lostBelow(mss int) (Seq, bool) {
 	return 0, false
 }
 
-// isSacked: seq was SACKed.
-func (sb *scoreboard) isSacked(seq Seq) bool {
-	for _, r := range sb.s {
-		if seq.LessThan(r.start) {
-			return false
-		}
-		if seq.LessThan(r.end) {
-			return true
-		}
-	}
-	return false
-}
-
 // nextHole returns the first un-SACKed range at or after from and before
 // limit, at most max octets long.
 func (sb *scoreboard) nextHole(from, limit Seq, max int) (span, bool) {
