@@ -168,32 +168,44 @@ func (r *recvBuf) peek() []byte {
 // addOOO records [seq, seq+len(p)) beyond RCV.NXT and copies it in. It
 // returns false when the range cannot be tracked (too many holes).
 func (r *recvBuf) addOOO(seq Seq, p []byte) bool {
-	s := span{seq, seq.Add(len(p))}
-	// Find the first range that ends at or after s.start.
-	i := 0
-	for i < len(r.ooo) && r.ooo[i].end.LessThan(s.start) {
-		i++
-	}
-	j := i
-	for j < len(r.ooo) && r.ooo[j].start.LessEq(s.end) {
-		s.start = minSeq(s.start, r.ooo[j].start)
-		s.end = maxSeq(s.end, r.ooo[j].end)
-		j++
-	}
-	if i == j && len(r.ooo) == maxOOO {
+	l, i, _, ok := mergeSpan(r.ooo, span{seq, seq.Add(len(p))}, maxOOO)
+	if !ok {
 		return false
 	}
+	r.ooo, r.last = l, i
 	r.put(seq, p)
-	// Replace ooo[i:j] by s.
-	if i == j {
-		r.ooo = append(r.ooo, span{})
-		copy(r.ooo[i+1:], r.ooo[i:])
-	} else if j > i+1 {
-		r.ooo = append(r.ooo[:i+1], r.ooo[j:]...)
-	}
-	r.ooo[i] = s
-	r.last = i
 	return true
+}
+
+// mergeSpan inserts b into l, a sorted list of disjoint, non-adjacent
+// ranges of at most limit entries, merging the ranges it touches. It
+// returns the list, the index of the range holding b, the octets b
+// added, and false (l unchanged) when b needs an entry of its own in a
+// full list.
+func mergeSpan(l []span, b span, limit int) ([]span, int, int, bool) {
+	i := 0
+	for i < len(l) && l[i].end.LessThan(b.start) {
+		i++
+	}
+	j, merged, old := i, b, 0
+	for j < len(l) && l[j].start.LessEq(merged.end) {
+		merged.start = minSeq(merged.start, l[j].start)
+		merged.end = maxSeq(merged.end, l[j].end)
+		old += l[j].len()
+		j++
+	}
+	if i == j && len(l) >= limit {
+		return l, 0, 0, false
+	}
+	// Replace l[i:j] by the merged range.
+	if i == j {
+		l = append(l, span{})
+		copy(l[i+1:], l[i:])
+	} else if j > i+1 {
+		l = append(l[:i+1], l[j:]...)
+	}
+	l[i] = merged
+	return l, i, merged.len() - old, true
 }
 
 // advance moves RCV.NXT over octets now in order: the ones just put at

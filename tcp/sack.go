@@ -24,35 +24,12 @@ func (sb *scoreboard) highest() Seq { return sb.s[len(sb.s)-1].end }
 // add records a SACK block, already checked to lie in (SND.UNA, SND.MAX].
 // It returns whether it covered anything new.
 func (sb *scoreboard) add(b span) bool {
-	i := 0
-	for i < len(sb.s) && sb.s[i].end.LessThan(b.start) {
-		i++
-	}
-	j := i
-	merged := b
-	for j < len(sb.s) && sb.s[j].start.LessEq(b.end) {
-		merged.start = minSeq(merged.start, sb.s[j].start)
-		merged.end = maxSeq(merged.end, sb.s[j].end)
-		j++
-	}
-	if j == i+1 && sb.s[i] == merged {
-		return false // nothing new
-	}
-	if i == j && len(sb.s) == maxScoreboard {
+	l, _, added, ok := mergeSpan(sb.s, b, maxScoreboard)
+	if !ok || added == 0 {
 		return false
 	}
-	old := 0
-	for k := i; k < j; k++ {
-		old += sb.s[k].len()
-	}
-	if i == j {
-		sb.s = append(sb.s, span{})
-		copy(sb.s[i+1:], sb.s[i:])
-	} else if j > i+1 {
-		sb.s = append(sb.s[:i+1], sb.s[j:]...)
-	}
-	sb.s[i] = merged
-	sb.sacked += merged.len() - old
+	sb.s = l
+	sb.sacked += added
 	return true
 }
 
