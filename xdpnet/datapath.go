@@ -1,0 +1,151 @@
+package xdpnet
+
+import (
+	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xsk"
+)
+
+// receive drains up to rxBatch frames from the RX ring into the Stack and
+// gives their frames back to the fill ring. It reports whether it took any.
+// A frame belongs to the loop from Peek until it is back on the RX free
+// list, after Input: Handlers see payload only during Input.
+func (p *Poller) receive() bool {
+	rx := p.sock.RX()
+	idx, n := rx.Peek(rxBatch)
+	if n == 0 {
+		p.refill()
+		return false
+	}
+	now := p.now()
+	u := p.umem
+	for i := uint32(0); i < n; i++ {
+		d := rx.Get(idx + i)
+		p.input(now, u.Packet(d))
+		p.rxFree.Free(d.Addr)
+	}
+	rx.Release(n)
+	p.stats.RXFrames += uint64(n)
+	p.refill()
+	return true
+}
+
+// refill hands free RX frames to the kernel.
+func (p *Poller) refill() {
+	if p.rxFree.Len() == 0 {
+		return
+	}
+	fill := p.sock.Fill()
+	if fill.Refill(p.rxFree, uint32(p.rxFree.Len())) > 0 && fill.NeedWakeup() {
+		_ = p.sock.KickFill()
+	}
+}
+
+// input checks one frame's Ethernet and IPv4 headers and gives its TCP
+// segment to the Stack, registering the flow of a SYN to a listened port
+// first so that the rest of the handshake is steered too.
+func (p *Poller) input(now tcp.Time, pkt []byte) {
+	eth := header.Ethernet(pkt)
+	if !eth.IsValid() || eth.Type() != header.EtherTypeIPv4 {
+		p.stats.RXNotIPv4++
+		return
+	}
+	ip := header.IPv4(eth.Payload())
+	if !ip.IsValid(len(ip)) {
+		p.stats.RXMalformed++
+		return
+	}
+	if !ip.IsChecksumValid() {
+		p.stats.BadIPChecksum++
+		return
+	}
+	if ip.IsFragment() || ip.Protocol() != header.IPProtocolTCP || ip.Dst() != p.cfg.Addr {
+		p.stats.RXNotForUs++
+		return
+	}
+	seg := ip.Payload()
+	if len(p.listens) > 0 {
+		t := header.TCP(seg)
+		if t.IsValid(len(seg)) && t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN {
+			if l := p.listens[t.DstPort()]; l != nil {
+				p.addPassiveFlow(now, tcp.FourTuple{
+					LocalAddr: ip.Dst(), RemoteAddr: ip.Src(),
+					LocalPort: t.DstPort(), RemotePort: t.SrcPort(),
+				})
+			}
+		}
+	}
+	p.stack.Input(now, ip.Src(), ip.Dst(), seg)
+}
+
+// transmit recycles completed TX frames, drains Stack.Output into free TX
+// frames and kicks the kernel when the ring asks for it. It reports
+// whether anything moved.
+func (p *Poller) transmit(now tcp.Time) (bool, error) {
+	work := false
+	if n := p.sock.Completion().Drain(p.txFree, p.sock.Completion().Size()); n > 0 {
+		p.inFlight -= n
+		work = true
+	}
+	tx := p.sock.TX()
+	u := p.umem
+	p.more = false
+	for {
+		want := min(uint32(p.txFree.Len()), txBatch)
+		if want == 0 {
+			p.more = true
+			break
+		}
+		idx, k := tx.Reserve(want)
+		if k == 0 {
+			p.more = true
+			break
+		}
+		var i uint32
+		empty := false
+		for i < k {
+			addr, _ := p.txFree.Alloc()
+			frame := u.Frame(addr)
+			n, src, dst := p.stack.Output(now, frame[frameHeaders:])
+			if n == 0 {
+				p.txFree.Free(addr)
+				empty = true
+				break
+			}
+			mac, ok := p.neigh.lookup(now, dst)
+			if !ok {
+				p.txFree.Free(addr)
+				p.stats.TXNoNeighbour++
+				continue
+			}
+			header.Ethernet(frame).Encode(&header.EthernetFields{Dst: mac, Src: p.mac, Type: header.EtherTypeIPv4})
+			total := header.IPv4MinLen + n
+			header.IPv4(frame[header.EthernetLen:]).Encode(&header.IPv4Fields{
+				TotalLen: uint16(total), ID: p.ipID, DontFragment: true,
+				TTL: 64, Protocol: header.IPProtocolTCP, Src: src, Dst: dst,
+			})
+			p.ipID++
+			tx.Set(idx+i, xsk.Desc{Addr: addr, Len: uint32(header.EthernetLen + total)})
+			i++
+		}
+		tx.Submit(i)
+		tx.Cancel(k - i)
+		if i > 0 {
+			work = true
+			p.inFlight += i
+			p.stats.TXFrames += uint64(i)
+		}
+		if empty {
+			break
+		}
+	}
+	// In copy mode a kick sends a bounded batch: kick while the kernel
+	// has not taken everything submitted.
+	if tx.Size()-tx.Free() > 0 && tx.NeedWakeup() {
+		p.stats.Kicks++
+		if err := p.sock.Kick(); err != nil {
+			return work, err
+		}
+	}
+	return work, nil
+}

@@ -1,0 +1,185 @@
+package xdpnet
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/tcp"
+)
+
+// neighbourTTL is how long a MAC read from the kernel is used before it is
+// read again; retrigger the least time between two resolution requests
+// for one address.
+const (
+	neighbourTTL = 5 * time.Second
+	retrigger    = 200 * time.Millisecond
+)
+
+// neighbours is the loop's cache of the kernel's neighbour table for one
+// interface, read over a NETLINK_ROUTE socket opened in the Poller's
+// namespace. Owned by the loop.
+type neighbours struct {
+	fd      int
+	ifindex int
+	seq     uint32
+	cache   map[netip.Addr]*neighbour
+	// last is the most recent hit: most segments go to one peer.
+	lastAddr netip.Addr
+	last     *neighbour
+	buf      []byte
+}
+
+type neighbour struct {
+	mac       [6]byte
+	valid     bool     // mac was read from a usable kernel entry once
+	checkedAt tcp.Time // when the kernel was last asked
+	asked     tcp.Time // when resolution was last triggered
+}
+
+func newNeighbours(ifindex int) (*neighbours, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: netlink socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: netlink bind: %w", err)
+	}
+	// Bound every wait for an answer.
+	tv := unix.NsecToTimeval(int64(100 * time.Millisecond))
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: netlink timeout: %w", err)
+	}
+	return &neighbours{fd: fd, ifindex: ifindex, cache: make(map[netip.Addr]*neighbour), buf: make([]byte, 4096)}, nil
+}
+
+func (n *neighbours) close() error { return unix.Close(n.fd) }
+
+// lookup returns the MAC to send to addr. Without a usable one it asks the
+// kernel to resolve addr (at most every retrigger) and reports false.
+func (n *neighbours) lookup(now tcp.Time, addr netip.Addr) ([6]byte, bool) {
+	e := n.last
+	if addr != n.lastAddr || e == nil {
+		e = n.cache[addr]
+		if e == nil {
+			e = &neighbour{}
+			n.cache[addr] = e
+		}
+		n.lastAddr, n.last = addr, e
+	}
+	if e.valid && now-e.checkedAt < tcp.Time(neighbourTTL) {
+		return e.mac, true
+	}
+	e.checkedAt = now
+	mac, ok, err := n.query(addr)
+	if err == nil && ok {
+		e.mac, e.valid = mac, true
+		return mac, true
+	}
+	if e.asked == 0 || now-e.asked >= tcp.Time(retrigger) {
+		e.asked = now
+		solicit(addr)
+	}
+	// A known MAC stays in use while the kernel re-resolves it.
+	return e.mac, e.valid
+}
+
+// Usable neighbour states: the kernel itself would send to these.
+const usableNUD = unix.NUD_REACHABLE | unix.NUD_STALE | unix.NUD_DELAY | unix.NUD_PROBE |
+	unix.NUD_PERMANENT | unix.NUD_NOARP
+
+// query asks the kernel for its neighbour entry of addr on the interface
+// (RTM_GETNEIGH with NDA_DST, Linux 5.0+). ok is false when there is none
+// or it is not usable (incomplete, failed).
+func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
+	n.seq++
+	a4 := addr.As4()
+	const attrLen = unix.SizeofRtAttr + 4
+	msgLen := unix.SizeofNlMsghdr + unix.SizeofNdMsg + attrLen
+	req := make([]byte, msgLen)
+	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
+		Len: uint32(msgLen), Type: unix.RTM_GETNEIGH, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
+	}
+	*(*unix.NdMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.NdMsg{
+		Family: unix.AF_INET, Ifindex: int32(n.ifindex),
+	}
+	off := unix.SizeofNlMsghdr + unix.SizeofNdMsg
+	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.NDA_DST}
+	copy(req[off+unix.SizeofRtAttr:], a4[:])
+	if err := unix.Sendto(n.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", err)
+	}
+	for range 8 { // skip stale answers to earlier, timed-out requests
+		k, _, err := unix.Recvfrom(n.fd, n.buf, 0)
+		if err != nil {
+			return mac, false, fmt.Errorf("xdpnet: neighbour answer: %w", err)
+		}
+		b := n.buf[:k]
+		for len(b) >= unix.SizeofNlMsghdr {
+			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
+			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
+				return mac, false, fmt.Errorf("xdpnet: neighbour answer: bad length %d", h.Len)
+			}
+			msg := b[unix.SizeofNlMsghdr:h.Len]
+			b = b[min(len(b), nlAlign(int(h.Len))):]
+			if h.Seq != n.seq {
+				continue
+			}
+			switch h.Type {
+			case unix.NLMSG_ERROR:
+				if len(msg) >= 4 {
+					if e := int32(binary.NativeEndian.Uint32(msg)); e != 0 {
+						if unix.Errno(-e) == unix.ENOENT {
+							return mac, false, nil
+						}
+						return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", unix.Errno(-e))
+					}
+				}
+				return mac, false, nil
+			case unix.RTM_NEWNEIGH:
+				if len(msg) < unix.SizeofNdMsg {
+					return mac, false, fmt.Errorf("xdpnet: neighbour answer too short")
+				}
+				nd := (*unix.NdMsg)(unsafe.Pointer(&msg[0]))
+				if nd.State&usableNUD == 0 {
+					return mac, false, nil
+				}
+				attrs := msg[unix.SizeofNdMsg:]
+				for len(attrs) >= unix.SizeofRtAttr {
+					at := (*unix.RtAttr)(unsafe.Pointer(&attrs[0]))
+					if at.Len < unix.SizeofRtAttr || int(at.Len) > len(attrs) {
+						break
+					}
+					if at.Type == unix.NDA_LLADDR && at.Len == unix.SizeofRtAttr+6 {
+						copy(mac[:], attrs[unix.SizeofRtAttr:at.Len])
+						return mac, true, nil
+					}
+					attrs = attrs[min(len(attrs), nlAlign(int(at.Len))):]
+				}
+				return mac, false, nil
+			}
+		}
+	}
+	return mac, false, fmt.Errorf("xdpnet: neighbour answer: none with sequence %d", n.seq)
+}
+
+func nlAlign(n int) int { return (n + 3) &^ 3 }
+
+// solicit makes the kernel resolve addr: an empty UDP datagram to its
+// discard port from a kernel socket goes through the kernel's neighbour
+// code, which sends the ARP request and keeps the datagram until the
+// answer (the ARP reply passes the steering program to the kernel).
+func solicit(addr netip.Addr) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	defer unix.Close(fd)
+	_ = unix.Sendto(fd, nil, 0, &unix.SockaddrInet4{Port: 9, Addr: addr.As4()})
+}

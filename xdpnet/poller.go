@@ -1,0 +1,622 @@
+// Package xdpnet is the network layer of the accelerated datapath: a Poller
+// runs one tcp.Stack over one AF_XDP socket bound to one receive queue of an
+// interface, with the bpf steering program sending it the RNIC's TCP flows.
+//
+// # Goroutines
+//
+// A Poller has one loop, Run, on a locked OS thread that has entered the
+// network namespace NewPoller was called in. The loop owns everything on the
+// datapath: the Stack and its Handlers, the UMEM frames (two FreeLists: RX
+// frames for the fill ring, TX frames for Output), the four rings, the
+// neighbour cache, the flows and listen ports it registered with the
+// steering program and the kernel sockets that reserve their ports.
+//
+// Other goroutines hand it work with Do (and Listen, Connect, CloseListener,
+// which use Do): the call goes on a bounded channel and an eventfd wakes the
+// loop if it sleeps; the caller waits until the function ran on the loop.
+// Handlers run on the loop and must not call Do (it would wait for itself).
+//
+// One turn of the loop: take Do calls; drain up to a batch of the RX ring
+// (Ethernet → IPv4 header and checksum → Stack.Input) and refill the fill
+// ring; fire due timers (Stack.Advance); recycle completed TX frames; drain
+// Stack.Output into TX frames (Ethernet and IPv4 headers in front, the
+// destination MAC from the neighbour cache) and kick the kernel when the
+// TX ring asks for it. While a turn finds work, and for Config.Spin after
+// the last that did, the loop goes round again at once; then it sleeps in
+// ppoll(2) on the socket and the eventfd until a frame arrives, a call
+// comes, or the next TCP timer is due. A 2-core host cannot afford blind
+// busy-polling: the kernel's softirq and the applications need the core.
+//
+// # Steering and ports
+//
+// Listen reserves the port by binding (not listening) a kernel TCP socket
+// to Config.Addr and the port, then listens on the Stack and adds the port
+// to the steering program's listen map. A SYN steered to a listened port
+// gets its 4-tuple added to the flow map before the Stack sees it, so the
+// rest of the handshake is steered too. Connect lets the kernel pick the
+// local port (bind to port 0 of a TCP socket, kept bound), adds the flow,
+// then connects the Stack from that port. A flow whose connection has left
+// the Stack (after TIME-WAIT, a reset or an abort) is removed from the map
+// and its reservation socket closed, by a sweep that runs at most every
+// 100 ms while the Stack has fewer connections than the poller has flows.
+// Connections must be opened through the Poller's methods, not
+// Stack.Listen or Stack.Connect directly, or none of this happens.
+//
+// # Neighbours
+//
+// The destination MAC of a segment is the kernel's neighbour entry for its
+// destination, read with an RTM_GETNEIGH netlink request and cached for
+// neighbourTTL. When the kernel has none, the poller sends an empty UDP
+// datagram to the peer's discard port from a kernel socket, which makes
+// the kernel resolve it (its ARP replies are not TCP, so the steering
+// program passes them to the kernel), and drops the segment: TCP
+// retransmits it. Connect resolves before it sends the SYN. Peers must be
+// on the link: routed next hops are not looked up yet.
+//
+// # Offloads
+//
+// Frames received from a peer that has TX checksum offload or TSO/GSO on
+// carry partial checksums and super-packets (on veth, the other end's
+// features). The Stack drops the segments with bad checksums; Stats counts
+// them (BadTCPChecksum, BadIPChecksum), and a transfer that stalls with
+// those counters rising means the peer's offloads must go off
+// (`ethtool -K <peer> tx off tso off gso off`).
+package xdpnet
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xsk"
+)
+
+// Errors, testable with errors.Is.
+var (
+	// ErrClosed: the Poller's loop has stopped or the Poller is closed.
+	ErrClosed = errors.New("xdpnet: poller closed")
+	// ErrInterface: the interface is missing, down, lacks the address or
+	// cannot carry the configured MTU.
+	ErrInterface = errors.New("xdpnet: interface not usable")
+	// ErrNoNeighbour: the peer's link-layer address could not be resolved.
+	ErrNoNeighbour = errors.New("xdpnet: neighbour not resolved")
+)
+
+// Config describes a Poller.
+type Config struct {
+	// Interface is the name of the interface, in the network namespace
+	// of the thread that calls NewPoller.
+	Interface string
+	// Queue is the receive queue the AF_XDP socket binds to.
+	Queue int
+	// Addr is the RNIC's IPv4 address: the interface's own address,
+	// which the engine's connections use.
+	Addr netip.Addr
+	// Mode is the XDP mode of the steering program, when the Poller
+	// attaches it (Steering nil).
+	Mode bpf.Mode
+	// Steering, when not nil, is a steering program already attached to
+	// the interface and shared with other pollers; the Poller does not
+	// close it. Nil: the Poller attaches its own and closes it.
+	Steering *bpf.Steering
+	// TCP configures the Stack. MTU 0 takes the interface's; a zero
+	// Secret is replaced by a random one.
+	TCP tcp.Options
+	// Frames is the number of UMEM frames of 4096 octets, half for
+	// receiving and half for sending (default 4096: 16 MiB).
+	Frames int
+	// Spin is how long the loop keeps polling after the last turn that
+	// found work before it sleeps (default 50 µs).
+	Spin time.Duration
+}
+
+const (
+	frameSize = 4096
+	// rxBatch is the most RX descriptors taken per turn of the loop,
+	// txBatch the most segments produced per TX ring reservation.
+	rxBatch = 64
+	txBatch = 64
+	// frameHeaders are the Ethernet and IPv4 (no options) headers in
+	// front of each TCP segment sent.
+	frameHeaders = header.EthernetLen + header.IPv4MinLen
+	// maxSleep bounds one sleep, so that sweeps and neighbour refreshes
+	// happen without a timer; waitCompletion bounds it while TX frames
+	// are all in flight (their completions do not wake poll).
+	maxSleep       = time.Second
+	waitCompletion = 200 * time.Microsecond
+	sweepInterval  = 100 * time.Millisecond
+)
+
+// Stats count what a Poller did. Read them with Poller.Stats.
+type Stats struct {
+	// RXFrames: frames taken from the RX ring; RXNotIPv4, RXMalformed,
+	// BadIPChecksum, RXNotForUs (fragments, not TCP, another
+	// destination): dropped before the Stack.
+	RXFrames, RXNotIPv4, RXMalformed, BadIPChecksum, RXNotForUs uint64
+	// BadTCPChecksum: segments the Stack dropped for their checksum;
+	// rising, it means the peer sends partial checksums (offloads on).
+	BadTCPChecksum uint64
+	// TXFrames: frames submitted; TXNoNeighbour: segments dropped for
+	// want of a destination MAC; Kicks: TX wakeups.
+	TXFrames, TXNoNeighbour, Kicks uint64
+	// FlowErrors: flow map updates that failed.
+	FlowErrors uint64
+	// Sleeps: times the loop slept in ppoll; Wakeups by eventfd.
+	Sleeps, Wakeups uint64
+	// Flows and Listens currently registered with the steering program.
+	Flows, Listens int
+	// Stack is the Stack's own counters.
+	Stack tcp.StackStats
+	// Socket is the kernel's counters of the AF_XDP socket.
+	Socket xsk.Statistics
+}
+
+// Poller runs one tcp.Stack over one AF_XDP socket. Make it with
+// NewPoller, run it with Run, reach its Stack with Do; Close after Run
+// returned.
+type Poller struct {
+	cfg      Config
+	ifindex  int
+	mac      [6]byte
+	mtu      int
+	steering *bpf.Steering
+	ownSteer bool
+	umem     *xsk.UMEM
+	sock     *xsk.Socket
+	nsfd     int // the network namespace Run enters
+	eventfd  int
+	neigh    *neighbours
+
+	calls    chan call
+	quit     chan struct{} // closed when Run ends or Close runs
+	quitOnce sync.Once
+	stopReq  atomic.Bool // Run returns at its next turn
+	closed   atomic.Bool
+	mu       sync.Mutex // guards running against Close
+	running  bool
+	stopped  chan struct{} // closed when Run returns
+
+	// Owned by the loop.
+	stack       *tcp.Stack
+	start       time.Time
+	rxFree      *xsk.FreeList
+	txFree      *xsk.FreeList
+	inFlight    uint32 // TX frames submitted and not yet completed
+	more        bool   // Output may have more: TX frames or ring ran out
+	ipID        uint16
+	flows       map[tcp.FourTuple]*flow
+	listens     map[uint16]*listen
+	lastSweep   tcp.Time
+	stats       Stats
+	statsShadow atomic.Pointer[Stats] // published for Stats from other goroutines
+}
+
+type call struct {
+	fn   func(s *tcp.Stack, now tcp.Time)
+	done chan struct{}
+}
+
+// NewPoller checks the interface, creates the UMEM and the AF_XDP socket on
+// cfg.Queue, attaches the steering program (unless cfg.Steering is given)
+// and puts the socket in its XSKMAP. Call it on an OS thread in the
+// interface's network namespace; Run later enters the same namespace.
+func NewPoller(cfg Config) (_ *Poller, err error) {
+	if cfg.Frames == 0 {
+		cfg.Frames = 4096
+	}
+	if cfg.Frames < 64 || cfg.Frames&(cfg.Frames-1) != 0 {
+		return nil, fmt.Errorf("xdpnet: %d frames: want a power of two ≥ 64", cfg.Frames)
+	}
+	if cfg.Spin == 0 {
+		cfg.Spin = 50 * time.Microsecond
+	}
+	if cfg.Queue < 0 || cfg.Queue >= bpf.MaxQueues {
+		return nil, fmt.Errorf("xdpnet: queue %d out of range 0..%d", cfg.Queue, bpf.MaxQueues-1)
+	}
+	ifi, err := checkInterface(cfg)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.TCP.MTU == 0 {
+		cfg.TCP.MTU = ifi.MTU
+	}
+	if cfg.TCP.Secret == ([16]byte{}) {
+		if _, err := rand.Read(cfg.TCP.Secret[:]); err != nil {
+			return nil, fmt.Errorf("xdpnet: secret: %w", err)
+		}
+	}
+	stack, err := tcp.NewStack(cfg.TCP)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: %w", err)
+	}
+	p := &Poller{
+		cfg:     cfg,
+		ifindex: ifi.Index,
+		mac:     [6]byte(ifi.HardwareAddr),
+		mtu:     cfg.TCP.MTU,
+		nsfd:    -1,
+		eventfd: -1,
+		calls:   make(chan call, 16),
+		quit:    make(chan struct{}),
+		stopped: make(chan struct{}),
+		stack:   stack,
+		flows:   make(map[tcp.FourTuple]*flow),
+		listens: make(map[uint16]*listen),
+	}
+	defer func() {
+		if err != nil {
+			p.release()
+		}
+	}()
+	p.nsfd, err = unix.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: open network namespace: %w", err)
+	}
+	p.eventfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: eventfd: %w", err)
+	}
+	if p.neigh, err = newNeighbours(ifi.Index); err != nil {
+		return nil, err
+	}
+	p.umem, err = xsk.NewUMEM(xsk.UMEMOptions{FrameSize: frameSize, FrameCount: uint32(cfg.Frames), Name: "xdpnet"})
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: %w", err)
+	}
+	half := uint32(cfg.Frames / 2)
+	ring := min(half, xsk.DefaultRingSize)
+	p.sock, err = xsk.NewSocket(p.umem, xsk.SocketOptions{
+		Ifindex: ifi.Index, QueueID: uint32(cfg.Queue),
+		RXSize: ring, TXSize: ring, FillSize: ring, CompletionSize: ring,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: %s queue %d: %w", cfg.Interface, cfg.Queue, err)
+	}
+	p.rxFree = xsk.NewFreeList(frameSize, 0, half)
+	p.txFree = xsk.NewFreeList(frameSize, half, half)
+	p.sock.Fill().Refill(p.rxFree, ring)
+
+	p.steering = cfg.Steering
+	if p.steering == nil {
+		p.steering, err = bpf.Attach(bpf.Options{Interface: cfg.Interface, Mode: cfg.Mode})
+		if err != nil {
+			return nil, fmt.Errorf("xdpnet: %w", err)
+		}
+		p.ownSteer = true
+	}
+	if err := p.steering.SetSocket(cfg.Queue, p.sock.FD()); err != nil {
+		return nil, fmt.Errorf("xdpnet: %w", err)
+	}
+	return p, nil
+}
+
+// checkInterface says, in words, what makes the interface unusable.
+func checkInterface(cfg Config) (*net.Interface, error) {
+	if !cfg.Addr.Is4() {
+		return nil, fmt.Errorf("%w: address %v is not IPv4", ErrInterface, cfg.Addr)
+	}
+	ifi, err := net.InterfaceByName(cfg.Interface)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %w", ErrInterface, cfg.Interface, err)
+	}
+	if ifi.Flags&net.FlagUp == 0 {
+		return nil, fmt.Errorf("%w: %s is down", ErrInterface, ifi.Name)
+	}
+	if len(ifi.HardwareAddr) != 6 {
+		return nil, fmt.Errorf("%w: %s has no Ethernet address", ErrInterface, ifi.Name)
+	}
+	addrs, err := ifi.Addrs()
+	if err != nil {
+		return nil, fmt.Errorf("%w: addresses of %s: %w", ErrInterface, ifi.Name, err)
+	}
+	found := false
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == cfg.Addr {
+				found = true
+			}
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("%w: %v is not an address of %s", ErrInterface, cfg.Addr, ifi.Name)
+	}
+	mtu := ifi.MTU
+	if cfg.TCP.MTU > mtu {
+		return nil, fmt.Errorf("%w: TCP MTU %d above %s's MTU %d", ErrInterface, cfg.TCP.MTU, ifi.Name, mtu)
+	}
+	if cfg.TCP.MTU != 0 {
+		mtu = cfg.TCP.MTU
+	}
+	if mtu+header.EthernetLen > frameSize {
+		return nil, fmt.Errorf("%w: MTU %d does not fit a %d-octet UMEM frame", ErrInterface, mtu, frameSize)
+	}
+	// veth runs native XDP only with the peer's MTU ≤ 3506 (a page per
+	// frame); the pair's MTUs are normally equal, so check ours here and
+	// let bpf.Attach report the kernel's ERANGE otherwise.
+	if cfg.Mode == bpf.ModeNative && ifi.MTU > vethNativeMaxMTU && driverName(ifi.Name) == "veth" {
+		return nil, fmt.Errorf("%w: native XDP on veth needs MTU ≤ %d, %s has %d",
+			ErrInterface, vethNativeMaxMTU, ifi.Name, ifi.MTU)
+	}
+	return ifi, nil
+}
+
+const vethNativeMaxMTU = 3506
+
+// driverName is the interface's driver (ETHTOOL_GDRVINFO), "" if unknown.
+func driverName(ifname string) string {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return ""
+	}
+	defer unix.Close(fd)
+	info, err := unix.IoctlGetEthtoolDrvinfo(fd, ifname)
+	if err != nil {
+		return ""
+	}
+	return unix.ByteSliceToString(info.Driver[:])
+}
+
+// Steering returns the steering program the Poller uses.
+func (p *Poller) Steering() *bpf.Steering { return p.steering }
+
+// Socket returns the AF_XDP socket (for its statistics).
+func (p *Poller) Socket() *xsk.Socket { return p.sock }
+
+// Addr returns the RNIC's address.
+func (p *Poller) Addr() netip.Addr { return p.cfg.Addr }
+
+// Run is the loop. It returns when ctx is done (nil) or the datapath
+// fails. It locks its goroutine to an OS thread in the Poller's network
+// namespace and leaves that thread locked, so that the thread ends with
+// it. Run may be called once.
+func (p *Poller) Run(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed.Load() || p.running {
+		p.mu.Unlock()
+		return fmt.Errorf("xdpnet: run: %w", ErrClosed)
+	}
+	p.running = true
+	p.mu.Unlock()
+	defer close(p.stopped)
+	defer p.quitOnce.Do(func() { close(p.quit) })
+	runtime.LockOSThread() // never unlocked: the thread may have changed namespace
+	if err := unix.Setns(p.nsfd, unix.CLONE_NEWNET); err != nil {
+		return fmt.Errorf("xdpnet: run: enter network namespace: %w", err)
+	}
+	stop := context.AfterFunc(ctx, p.requestStop)
+	defer stop()
+	p.start = time.Now()
+	lastWork := p.now()
+	spin := tcp.Time(p.cfg.Spin)
+	for {
+		if p.stopReq.Load() {
+			p.shutdown()
+			return nil
+		}
+		work, err := p.turn()
+		if err != nil {
+			p.shutdown()
+			return err
+		}
+		now := p.now()
+		if work {
+			lastWork = now
+			continue
+		}
+		if now-lastWork < spin {
+			continue
+		}
+		if err := p.sleep(now); err != nil {
+			p.shutdown()
+			return err
+		}
+		lastWork = p.now()
+	}
+}
+
+// now is the engine's clock: time since Run started, plus a second so that
+// it is never the zero Time.
+func (p *Poller) now() tcp.Time { return tcp.Time(time.Since(p.start)) + tcp.Time(time.Second) }
+
+// turn is one round of the loop; it reports whether it found work.
+func (p *Poller) turn() (bool, error) {
+	work := false
+	for range 4 {
+		select {
+		case c := <-p.calls:
+			c.fn(p.stack, p.now())
+			close(c.done)
+			work = true
+			continue
+		default:
+		}
+		break
+	}
+	if p.receive() {
+		work = true
+	}
+	now := p.now()
+	p.stack.Advance(now)
+	sent, err := p.transmit(now)
+	if err != nil {
+		return work, err
+	}
+	if sent {
+		work = true
+	}
+	if now-p.lastSweep >= tcp.Time(sweepInterval) {
+		p.lastSweep = now
+		p.sweep(now)
+		p.publishStats()
+	}
+	return work, nil
+}
+
+// sleep waits in ppoll on the socket and the eventfd until a frame, a call
+// or the next timer.
+func (p *Poller) sleep(now tcp.Time) error {
+	d := maxSleep
+	if t, ok := p.stack.NextTimer(); ok {
+		d = min(d, max(time.Duration(t-now), 0))
+	}
+	if p.more || p.inFlight > 0 {
+		d = min(d, waitCompletion)
+	}
+	if len(p.calls) > 0 || d == 0 {
+		return nil
+	}
+	p.stats.Sleeps++
+	ts := unix.NsecToTimespec(int64(d))
+	fds := [2]unix.PollFd{
+		{Fd: int32(p.sock.FD()), Events: unix.POLLIN},
+		{Fd: int32(p.eventfd), Events: unix.POLLIN},
+	}
+	_, err := unix.Ppoll(fds[:], &ts, nil)
+	if err != nil && !errors.Is(err, unix.EINTR) {
+		return fmt.Errorf("xdpnet: ppoll: %w", err)
+	}
+	if fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
+		return fmt.Errorf("xdpnet: ppoll: socket revents %#x", fds[0].Revents)
+	}
+	if fds[1].Revents&unix.POLLIN != 0 {
+		p.stats.Wakeups++
+		var b [8]byte
+		_, _ = unix.Read(p.eventfd, b[:])
+	}
+	return nil
+}
+
+// requestStop makes Run return at its next turn.
+func (p *Poller) requestStop() {
+	p.stopReq.Store(true)
+	p.wake()
+}
+
+// wake makes a sleeping loop return from ppoll.
+func (p *Poller) wake() {
+	var b [8]byte
+	b[0] = 1
+	_, _ = unix.Write(p.eventfd, b[:])
+}
+
+// Do runs fn on the loop with the Stack and the loop's clock, and waits for
+// it. It fails with ErrClosed when the loop has stopped. fn must not keep
+// the Stack, and must not block. Do must not be called from the loop
+// (from a Handler or from fn).
+func (p *Poller) Do(fn func(s *tcp.Stack, now tcp.Time)) error {
+	c := call{fn: fn, done: make(chan struct{})}
+	select {
+	case p.calls <- c:
+	case <-p.quit:
+		return ErrClosed
+	}
+	p.wake()
+	select {
+	case <-c.done:
+		return nil
+	case <-p.quit:
+		// The loop may have run fn just before it stopped.
+		select {
+		case <-c.done:
+			return nil
+		default:
+		}
+		return ErrClosed
+	}
+}
+
+// Stats returns the counters as the loop last published them (every
+// 100 ms, and when Run ends), with the socket's kernel counters read now.
+func (p *Poller) Stats() Stats {
+	var st Stats
+	if s := p.statsShadow.Load(); s != nil {
+		st = *s
+	}
+	if p.sock != nil && !p.closed.Load() {
+		st.Socket, _ = p.sock.Statistics()
+	}
+	return st
+}
+
+func (p *Poller) publishStats() {
+	st := p.stats
+	st.Stack = p.stack.Stats
+	st.BadTCPChecksum = p.stack.Stats.BadChecksum
+	st.Flows, st.Listens = len(p.flows), len(p.listens)
+	p.statsShadow.Store(&st)
+}
+
+// shutdown runs on the loop as Run ends: listeners closed, flows and
+// listen ports removed from the steering program, reservations released.
+// Connections still open are abandoned: their segments then reach the
+// kernel, which resets them.
+func (p *Poller) shutdown() {
+	for port := range p.listens {
+		p.closeListener(port)
+	}
+	for id, f := range p.flows {
+		p.removeFlow(id, f)
+	}
+	p.publishStats()
+}
+
+// Close stops Run if it runs and waits for it, then releases the socket,
+// the UMEM and, if the Poller attached it, the steering program. Safe to
+// call twice.
+func (p *Poller) Close() error {
+	p.mu.Lock()
+	if p.closed.Load() {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed.Store(true)
+	running := p.running
+	p.mu.Unlock()
+	p.requestStop()
+	if running {
+		<-p.stopped
+	}
+	p.quitOnce.Do(func() { close(p.quit) })
+	return p.release()
+}
+
+func (p *Poller) release() error {
+	var errs []error
+	if p.steering != nil {
+		if p.ownSteer {
+			errs = append(errs, p.steering.Close())
+		} else {
+			errs = append(errs, p.steering.ClearSocket(p.cfg.Queue))
+		}
+	}
+	if p.sock != nil {
+		errs = append(errs, p.sock.Close())
+	}
+	if p.umem != nil {
+		errs = append(errs, p.umem.Close())
+	}
+	if p.neigh != nil {
+		errs = append(errs, p.neigh.close())
+	}
+	for _, fd := range []int{p.eventfd, p.nsfd} {
+		if fd >= 0 {
+			errs = append(errs, unix.Close(fd))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("xdpnet: close: %w", err)
+	}
+	return nil
+}

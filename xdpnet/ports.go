@@ -1,0 +1,217 @@
+package xdpnet
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/tcp"
+)
+
+// flow is a 4-tuple the poller added to the steering program's flow map.
+type flow struct {
+	added tcp.Time
+	// seen: the sweep found the connection in the Stack once.
+	seen bool
+	// reserve is the kernel socket holding the local port of an active
+	// connection, -1 for a passive one (its listener's socket holds it).
+	reserve int
+}
+
+// listen is a port the poller listens on.
+type listen struct {
+	l       *tcp.Listener
+	reserve int
+}
+
+// synGrace is how long a passive flow may exist without a connection in
+// the Stack: a SYN answered with a SYN cookie has none until its ACK.
+const synGrace = 5 * time.Second
+
+// reservePort binds a kernel TCP socket (not listening) to addr and port,
+// so that no kernel socket can take the port; port 0 lets the kernel pick
+// an ephemeral one, which is returned. It runs on the loop's thread, in the
+// Poller's namespace.
+func reservePort(addr netip.Addr, port uint16) (fd int, got uint16, err error) {
+	fd, err = unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, fmt.Errorf("reserve port: socket: %w", err)
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)}); err != nil {
+		unix.Close(fd)
+		if errors.Is(err, unix.EADDRINUSE) {
+			return -1, 0, fmt.Errorf("reserve port %v:%d: %w: %w", addr, port, tcp.ErrPortInUse, err)
+		}
+		return -1, 0, fmt.Errorf("reserve port %v:%d: %w", addr, port, err)
+	}
+	sa, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return -1, 0, fmt.Errorf("reserve port: getsockname: %w", err)
+	}
+	return fd, uint16(sa.(*unix.SockaddrInet4).Port), nil
+}
+
+func bpfFlow(id tcp.FourTuple) bpf.Flow {
+	return bpf.Flow{
+		Local:  netip.AddrPortFrom(id.LocalAddr, id.LocalPort),
+		Remote: netip.AddrPortFrom(id.RemoteAddr, id.RemotePort),
+	}
+}
+
+// Listen reserves port, listens on it with h as the Handler of the
+// connections it accepts, and steers SYNs to it. Call it from another
+// goroutine than the loop's.
+func (p *Poller) Listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
+	var l *tcp.Listener
+	var err error
+	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) { l, err = p.listen(port, h) }); derr != nil {
+		return nil, derr
+	}
+	return l, err
+}
+
+func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
+	if port == 0 {
+		return nil, errors.New("xdpnet: listen on port 0")
+	}
+	if p.listens[port] != nil {
+		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, tcp.ErrPortInUse)
+	}
+	fd, _, err := reservePort(p.cfg.Addr, port)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: listen: %w", err)
+	}
+	l, err := p.stack.Listen(p.cfg.Addr, port, h)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
+	}
+	if err := p.steering.AddListen(port); err != nil {
+		l.Close()
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
+	}
+	p.listens[port] = &listen{l: l, reserve: fd}
+	return l, nil
+}
+
+// CloseListener stops listening on port: SYNs to it go to the kernel
+// again (which resets them), connections not yet accepted are reset, and
+// the port's reservation ends. Established connections carry on.
+func (p *Poller) CloseListener(port uint16) error {
+	var err error
+	if derr := p.Do(func(*tcp.Stack, tcp.Time) { err = p.closeListener(port) }); derr != nil {
+		return derr
+	}
+	return err
+}
+
+func (p *Poller) closeListener(port uint16) error {
+	ls := p.listens[port]
+	if ls == nil {
+		return fmt.Errorf("xdpnet: close listener %d: not listening", port)
+	}
+	delete(p.listens, port)
+	err := p.steering.RemoveListen(port)
+	ls.l.Close()
+	// Passive connections still open keep their flows, steered by their
+	// 4-tuples whatever a kernel socket later does with the port.
+	unix.Close(ls.reserve)
+	return err
+}
+
+// Connect opens a connection from the RNIC's address to remote with h as
+// its Handler: it resolves remote's link-layer address first (waiting up
+// to timeout), lets the kernel pick and reserve the local port, steers the
+// flow and sends the SYN. EventEstablished or EventClosed on h tells how
+// it went. Call it from another goroutine than the loop's.
+func (p *Poller) Connect(remote netip.AddrPort, h tcp.Handler, timeout time.Duration) (*tcp.Conn, error) {
+	if !remote.Addr().Is4() {
+		return nil, fmt.Errorf("xdpnet: connect to %v: IPv4 only", remote)
+	}
+	deadline := time.Now().Add(timeout)
+	for {
+		var ok bool
+		if err := p.Do(func(s *tcp.Stack, now tcp.Time) { _, ok = p.neigh.lookup(now, remote.Addr()) }); err != nil {
+			return nil, err
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("xdpnet: connect to %v: %w within %v", remote, ErrNoNeighbour, timeout)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	var c *tcp.Conn
+	var err error
+	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) { c, err = p.connect(now, remote, h) }); derr != nil {
+		return nil, derr
+	}
+	return c, err
+}
+
+func (p *Poller) connect(now tcp.Time, remote netip.AddrPort, h tcp.Handler) (*tcp.Conn, error) {
+	fd, port, err := reservePort(p.cfg.Addr, 0)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: connect to %v: %w", remote, err)
+	}
+	id := tcp.FourTuple{LocalAddr: p.cfg.Addr, RemoteAddr: remote.Addr(), LocalPort: port, RemotePort: remote.Port()}
+	if err := p.steering.AddFlow(bpfFlow(id)); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: connect to %v: %w", remote, err)
+	}
+	c, err := p.stack.Connect(now, p.cfg.Addr, port, remote, h)
+	if err != nil {
+		_ = p.steering.RemoveFlow(bpfFlow(id))
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: connect to %v: %w", remote, err)
+	}
+	p.flows[id] = &flow{added: now, reserve: fd}
+	return c, nil
+}
+
+// addPassiveFlow steers the rest of a connection whose SYN arrived on a
+// listened port. A failure leaves the handshake's ACK to the kernel,
+// which resets it; the peer then retries.
+func (p *Poller) addPassiveFlow(now tcp.Time, id tcp.FourTuple) {
+	if f := p.flows[id]; f != nil {
+		return
+	}
+	if err := p.steering.AddFlow(bpfFlow(id)); err != nil {
+		p.stats.FlowErrors++
+		return
+	}
+	p.flows[id] = &flow{added: now, reserve: -1}
+}
+
+// sweep removes the flows whose connections have left the Stack.
+func (p *Poller) sweep(now tcp.Time) {
+	if len(p.flows) == 0 {
+		return
+	}
+	for id, f := range p.flows {
+		if p.stack.Lookup(id) != nil {
+			f.seen = true
+			continue
+		}
+		if f.seen || f.reserve >= 0 || now-f.added >= tcp.Time(synGrace) {
+			p.removeFlow(id, f)
+		}
+	}
+}
+
+func (p *Poller) removeFlow(id tcp.FourTuple, f *flow) {
+	delete(p.flows, id)
+	if err := p.steering.RemoveFlow(bpfFlow(id)); err != nil {
+		p.stats.FlowErrors++
+	}
+	if f.reserve >= 0 {
+		unix.Close(f.reserve)
+	}
+}
