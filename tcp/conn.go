@@ -63,6 +63,7 @@ type Conn struct {
 	// Timers: zero when off.
 	rtoAt, delackAt, keepAt, twAt Time
 	persist                       bool // rtoAt is the persist timer
+	probes                        int  // window probes since the last ACK
 	keepProbes                    int
 	lastRecv                      Time
 
@@ -215,7 +216,7 @@ func (c *Conn) Close() {
 func (c *Conn) Abort() {
 	switch c.state {
 	case StateSynRcvd, StateEstablished, StateFinWait1, StateFinWait2, StateCloseWait:
-		c.stack.queueRST(c.id, c.sndNxt, 0, false)
+		c.stack.queueRST(c.id, c.sndMax, 0, false)
 	}
 	if c.state != StateClosed {
 		c.terminate(ErrAborted)
@@ -365,11 +366,19 @@ func (c *Conn) rtoFired(now Time) {
 		limit = o.SynRetries
 	}
 	if c.backoff >= limit {
-		c.stack.queueRST(c.id, c.sndNxt, 0, false)
+		c.stack.queueRST(c.id, c.sndMax, 0, false)
 		c.terminate(ErrTimedOut)
 		return
 	}
 	c.Stats.RTOs++
+	if c.sndWnd == 0 && c.state.synchronized() && c.snd.end().Sub(c.sndUna) > 0 {
+		// The peer's window is closed: nothing was lost, the data is
+		// waiting for room. Probe instead of counting toward a
+		// timeout (RFC 9293 §3.8.6.1).
+		c.sndNxt = minSeq(c.sndNxt, c.sndUna)
+		c.persistFired(now)
+		return
+	}
 	c.backoff++
 	if c.state.synchronized() && c.flight() > 0 {
 		c.cc.OnRTO(now, c.flight())
@@ -382,6 +391,9 @@ func (c *Conn) rtoFired(now Time) {
 		c.sb.reset()
 	}
 	c.inRecovery = false
+	// RFC 6582 §4 / RFC 6675 §5.1: no fast recovery for data sent before
+	// the timeout (late SACKs for it would cut the window again).
+	c.recoverSeq, c.recoverValid = c.sndMax, true
 	c.dupAcks = 0
 	c.sndNxt = c.sndUna
 	c.rttTiming = false // Karn: no samples from retransmissions
@@ -393,7 +405,15 @@ func (c *Conn) rtoFired(now Time) {
 
 // persistFired sends a zero-window probe (RFC 9293 §3.8.6.1).
 func (c *Conn) persistFired(now Time) {
-	c.backoff++
+	// A peer that answers probes keeps the connection (the count resets
+	// on every ACK); one that stops answering times it out.
+	if c.probes >= c.stack.opts.Retries {
+		c.stack.queueRST(c.id, c.sndMax, 0, false)
+		c.terminate(ErrTimedOut)
+		return
+	}
+	c.probes++
+	c.backoff = min(c.backoff+1, 16)
 	c.sendProbe = true
 	c.armPersist(now)
 	c.wantOutput()

@@ -53,10 +53,11 @@ func (s *Stack) checkCookie(now Time, id FourTuple, peerISN, cookie Seq) (uint32
 	count := uint32(int64(now) / cookiePeriod)
 	v := uint32(cookie) - s.hash32(id, 0x636b) - uint32(peerISN)
 	then := v >> cookieBits
-	if (count-then)&(1<<(32-cookieBits)-1) >= cookieMaxAge {
+	age := (count - then) & (1<<(32-cookieBits) - 1)
+	if age >= cookieMaxAge {
 		return 0, false
 	}
-	idx := (v - s.cookieHash(id, then, 0x6332)) & cookieMask
+	idx := (v - s.cookieHash(id, count-age, 0x6332)) & cookieMask
 	if idx >= uint32(len(cookieMSS)) {
 		return 0, false
 	}

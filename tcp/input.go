@@ -59,6 +59,12 @@ func (c *Conn) input(now Time, seg *Segment) {
 		return
 	}
 
+	// A retransmitted SYN in SYN-RECEIVED: our SYN-ACK was lost.
+	if c.state == StateSynRcvd && seg.Flags&(header.TCPFlagSYN|header.TCPFlagACK|header.TCPFlagRST) == header.TCPFlagSYN && seg.Seq == c.irs {
+		c.sndNxt = c.iss
+		c.wantOutput()
+		return
+	}
 	// First: is the segment acceptable (§3.10.7.4)?
 	if !c.acceptable(seg) {
 		c.Stats.Dropped++
@@ -105,12 +111,6 @@ func (c *Conn) input(now Time, seg *Segment) {
 	// and drop, wherever the SYN lies (trimming may have cut it off; its
 	// data is not taken either, as Linux does).
 	if syn {
-		if c.state == StateSynRcvd && seg.Seq.Add(1) == c.rcvNxt() {
-			// The peer did not get our SYN-ACK: send it again.
-			c.sndNxt = c.iss
-			c.wantOutput()
-			return
-		}
 		c.challengeAck(now)
 		return
 	}
@@ -120,11 +120,19 @@ func (c *Conn) input(now Time, seg *Segment) {
 		return
 	}
 	if c.state == StateSynRcvd {
-		if !(c.sndUna.LessThan(seg.Ack) && seg.Ack.LessEq(c.sndNxt)) {
+		if !(c.sndUna.LessThan(seg.Ack) && seg.Ack.LessEq(c.sndMax)) {
 			c.stack.queueRST(c.id, seg.Ack, 0, false)
 			return
 		}
 		c.established(now, seg, true)
+		if c.state == StateClosed {
+			return // the accept queue was full: aborted
+		}
+	}
+	// A zero-window probe sends the octet at SND.UNA without moving
+	// SND.NXT: a peer that took it acknowledges one past SND.MAX.
+	if c.persist && c.sndMax == c.sndUna && seg.Ack == c.sndUna.Add(1) && c.snd.end().Sub(c.sndUna) > 0 {
+		c.sndNxt, c.sndMax = seg.Ack, seg.Ack
 	}
 	// RFC 5961 §5.2: the ACK must lie in [SND.UNA - MAX.SND.WND, SND.NXT].
 	if c.sndMax.LessThan(seg.Ack) {
@@ -135,6 +143,7 @@ func (c *Conn) input(now Time, seg *Segment) {
 		c.challengeAck(now)
 		return
 	}
+	c.probes = 0
 	c.processAck(now, seg)
 	if c.state == StateClosed {
 		return
@@ -309,6 +318,9 @@ func (c *Conn) established(now Time, seg *Segment, ackScaled bool) {
 	c.keepaliveReset(now)
 	if c.listener != nil {
 		c.listener.established(c)
+		if c.state == StateClosed {
+			return
+		}
 	}
 	if c.h != nil {
 		c.h.Event(c, EventEstablished)

@@ -1,0 +1,255 @@
+package tcp
+
+// Regressions from a review of the engine: each test failed before its fix.
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/header"
+)
+
+var (
+	rvLocal  = netip.MustParseAddr("10.0.0.1")
+	rvRemote = netip.MustParseAddr("10.0.0.2")
+)
+
+type rvHandler struct {
+	events []Event
+	got    int
+}
+
+func (h *rvHandler) Receive(c *Conn, b []byte) int { h.got += len(b); return len(b) }
+func (h *rvHandler) Event(c *Conn, ev Event)       { h.events = append(h.events, ev) }
+
+type rvSeg struct {
+	flags    uint8
+	seq, ack Seq
+	n        int
+	wnd      uint16
+	opts     header.TCPOptions
+}
+
+func rvDrain(s *Stack, now Time) []rvSeg {
+	var out []rvSeg
+	b := make([]byte, 70000)
+	for {
+		n, _, _ := s.Output(now, b)
+		if n == 0 {
+			return out
+		}
+		t := header.TCP(b[:n])
+		r := rvSeg{flags: t.Flags(), seq: Seq(t.Seq()), ack: Seq(t.Ack()), n: len(t.Payload()), wnd: t.Window()}
+		header.ParseTCPOptions(t.Options(), &r.opts)
+		out = append(out, r)
+	}
+}
+
+func rvIn(s *Stack, now Time, lport, rport uint16, seq, ack Seq, flags uint8, wnd uint16, payload []byte, o *header.TCPOptions) {
+	seg := Segment{SrcPort: rport, DstPort: lport, Seq: seq, Ack: ack, Flags: flags, Window: wnd, Payload: payload}
+	if o != nil {
+		seg.Opts = *o
+	}
+	s.InputSegment(now, rvRemote, rvLocal, &seg)
+}
+
+func rvStack(t *testing.T, o Options) *Stack {
+	o.Secret = [16]byte{1, 2, 3}
+	s, err := NewStack(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Active open to a hand-driven peer, no options.
+func rvClient(t *testing.T, o Options, peerWnd uint16) (*Stack, *Conn, *rvHandler, Seq) {
+	s := rvStack(t, o)
+	h := &rvHandler{}
+	c, err := s.Connect(0, rvLocal, 40000, netip.AddrPortFrom(rvRemote, 80), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := rvDrain(s, 0)
+	if len(out) != 1 || out[0].flags != header.TCPFlagSYN {
+		t.Fatalf("syn: %+v", out)
+	}
+	irs := Seq(5000)
+	rvIn(s, 1, 40000, 80, irs, out[0].seq+1, header.TCPFlagSYN|header.TCPFlagACK, peerWnd, nil, &header.TCPOptions{MSS: 1000, HasMSS: true})
+	rvDrain(s, 1)
+	if c.State() != StateEstablished {
+		t.Fatal("not established")
+	}
+	return s, c, h, irs + 1
+}
+
+func TestProbeOctetTakenByThePeer(t *testing.T) {
+	s, c, _, pseq := rvClient(t, Options{}, 1000)
+	data := make([]byte, 3000)
+	c.Write(data)
+	out := rvDrain(s, 2)
+	if len(out) != 1 || out[0].n != 1000 {
+		t.Fatalf("first flight %+v", out)
+	}
+	una := out[0].seq + 1000
+	// Peer ACKs all with a zero window.
+	rvIn(s, 3, 40000, 80, pseq, una, header.TCPFlagACK, 0, nil, nil)
+	rvDrain(s, 3)
+	// Persist timer fires: probe.
+	now := Time(3)
+	var probe rvSeg
+	for i := 0; i < 10; i++ {
+		nt, ok := s.NextTimer()
+		if !ok {
+			t.Fatal("no persist timer")
+		}
+		now = nt
+		s.Advance(now)
+		o := rvDrain(s, now)
+		if len(o) > 0 {
+			probe = o[0]
+			break
+		}
+	}
+	t.Logf("probe %+v sndMax=%d sndUna=%d", probe, c.sndMax, c.sndUna)
+	// The peer's window has opened meanwhile (its update was lost): it takes the probe octet.
+	rvIn(s, now+1, 40000, 80, pseq, probe.seq+Seq(probe.n), header.TCPFlagACK, 10000, nil, nil)
+	o := rvDrain(s, now+1)
+	t.Logf("after probe ACK: %+v sndUna=%d sndWnd=%d", o, c.sndUna, c.sndWnd)
+	sentData := false
+	for _, x := range o {
+		if x.n > 0 {
+			sentData = true
+		}
+	}
+	if !sentData {
+		t.Errorf("ACK of the probe octet (beyond SND.MAX) discarded; window update lost; nothing sent")
+	}
+}
+
+func TestCookieAfterCount256(t *testing.T) {
+	s := rvStack(t, Options{})
+	id := FourTuple{LocalAddr: rvLocal, RemoteAddr: rvRemote, LocalPort: 80, RemotePort: 40000}
+	for _, now := range []Time{Time(10 * time.Second), Time(255 * 64 * time.Second), Time(256*64*time.Second + time.Second), Time(5 * time.Hour)} {
+		ck := s.makeCookie(now, id, 12345, 2)
+		idx, ok := s.checkCookie(now+1, id, 12345, ck)
+		if !ok || idx != 2 {
+			t.Errorf("cookie made and checked at %v rejected (idx=%d ok=%v)", time.Duration(now), idx, ok)
+		}
+	}
+}
+
+func TestRetransmittedSYNGetsSYNACK(t *testing.T) {
+	s := rvStack(t, Options{})
+	h := &rvHandler{}
+	if _, err := s.Listen(netip.Addr{}, 80, h); err != nil {
+		t.Fatal(err)
+	}
+	rvIn(s, 0, 80, 40000, 1000, 0, header.TCPFlagSYN, 65535, nil, nil)
+	o := rvDrain(s, 0)
+	t.Logf("first: %+v", o)
+	rvIn(s, 10, 80, 40000, 1000, 0, header.TCPFlagSYN, 65535, nil, nil)
+	o = rvDrain(s, 10)
+	t.Logf("on duplicate SYN: %+v", o)
+	if len(o) == 0 || o[0].flags != header.TCPFlagSYN|header.TCPFlagACK {
+		t.Errorf("duplicate SYN in SYN-RECEIVED not answered with a SYN-ACK (the SynRcvd branch in input is dead)")
+	}
+}
+
+func TestAcceptOverflowNoEventsAfterClosed(t *testing.T) {
+	s := rvStack(t, Options{AcceptBacklog: 1})
+	h := &rvHandler{}
+	s.Listen(netip.Addr{}, 80, h)
+	for i, port := range []uint16{40000, 40001} {
+		rvIn(s, 0, 80, port, 1000, 0, header.TCPFlagSYN, 65535, nil, nil)
+		o := rvDrain(s, 0)
+		rvIn(s, 1, 80, port, 1001, o[0].seq+1, header.TCPFlagACK|header.TCPFlagFIN, 65535, []byte("x"), nil)
+		rvDrain(s, 1)
+		t.Logf("conn %d events %v", i, h.events)
+	}
+	ev := h.events
+	for i, e := range ev {
+		if e == EventClosed && i != len(ev)-1 {
+			t.Errorf("events after EventClosed: %v", ev)
+		}
+	}
+}
+
+func TestHandshakeACKAfterSYNACKTimeout(t *testing.T) {
+	s := rvStack(t, Options{})
+	h := &rvHandler{}
+	s.Listen(netip.Addr{}, 80, h)
+	rvIn(s, 0, 80, 40000, 1000, 0, header.TCPFlagSYN, 65535, nil, nil)
+	o := rvDrain(s, 0)
+	nt, _ := s.NextTimer()
+	s.Advance(nt) // RTO: SND.NXT back to ISS, SYN-ACK not yet re-sent
+	rvIn(s, nt, 80, 40000, 1001, o[0].seq+1, header.TCPFlagACK, 65535, nil, nil)
+	c := s.Lookup(FourTuple{LocalAddr: rvLocal, RemoteAddr: rvRemote, LocalPort: 80, RemotePort: 40000})
+	if c == nil || c.State() != StateEstablished {
+		t.Errorf("valid handshake ACK rejected after SYN-ACK RTO (state %v), ctl=%d", c.State(), len(s.ctl))
+	}
+}
+
+func TestAcceptOverflowAfterHandshake(t *testing.T) {
+	s := rvStack(t, Options{AcceptBacklog: 1})
+	h := &rvHandler{}
+	s.Listen(netip.Addr{}, 80, h)
+	var isn []Seq
+	for _, port := range []uint16{40000, 40001} {
+		rvIn(s, 0, 80, port, 1000, 0, header.TCPFlagSYN, 65535, nil, nil)
+		o := rvDrain(s, 0)
+		isn = append(isn, o[0].seq)
+	}
+	for i, port := range []uint16{40000, 40001} {
+		rvIn(s, 1, 80, port, 1001, isn[i]+1, header.TCPFlagACK|header.TCPFlagFIN, 65535, []byte("x"), nil)
+		rvDrain(s, 1)
+	}
+	t.Logf("events %v conns=%d", h.events, s.Conns())
+	for i, e := range h.events {
+		if e == EventClosed && i != len(h.events)-1 {
+			t.Errorf("events after EventClosed: %v", h.events)
+		}
+	}
+}
+
+// A peer that closes its window while data is in flight and then keeps
+// answering probes with a zero window must not be timed out: the data is
+// waiting for room, not lost.
+func TestZeroWindowWithDataInFlightDoesNotTimeOut(t *testing.T) {
+	s, c, _, pseq := rvClient(t, Options{Retries: 5}, 4000)
+	c.Write(make([]byte, 3000))
+	out := rvDrain(s, 2)
+	if len(out) == 0 {
+		t.Fatal("nothing sent")
+	}
+	first := out[0].seq
+	// The peer takes 500 octets and closes its window: 2500 in flight.
+	rvIn(s, 3, 40000, 80, pseq, first+500, header.TCPFlagACK, 0, nil, nil)
+	rvDrain(s, 3)
+	now := Time(3)
+	for i := 0; i < 40; i++ {
+		nt, ok := s.NextTimer()
+		if !ok {
+			t.Fatalf("round %d: no timer", i)
+		}
+		now = nt
+		s.Advance(now)
+		rvDrain(s, now)
+		if c.State() != StateEstablished {
+			t.Fatalf("round %d: %v (%v): timed out while the peer answered", i, c.State(), c.Err())
+		}
+		rvIn(s, now, 40000, 80, pseq, first+500, header.TCPFlagACK, 0, nil, nil)
+		rvDrain(s, now)
+	}
+	// The window opens: the rest goes.
+	rvIn(s, now+1, 40000, 80, pseq, first+500, header.TCPFlagACK, 10000, nil, nil)
+	o := rvDrain(s, now+1)
+	n := 0
+	for _, x := range o {
+		n += x.n
+	}
+	if n != 2500 {
+		t.Fatalf("after the window opened %d octets went out, want 2500", n)
+	}
+}
