@@ -196,6 +196,10 @@ func (c *Conn) Read(p []byte) int {
 	return total
 }
 
+// Kick tells the stack that the connection's Filler has data to give:
+// the next Output asks it.
+func (c *Conn) Kick() { c.wantOutput() }
+
 // Buffered is the number of received octets waiting for Read.
 func (c *Conn) Buffered() int { return c.rcv.n }
 

@@ -1,0 +1,168 @@
+package rnic
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/tcp"
+)
+
+// EngineLLP runs one queue pair over a connection of softrnic's own TCP
+// engine (the accelerated datapath's LLP): it is the connection's
+// tcp.Handler and tcp.Filler. It exchanges the MPA Request and Reply, then
+// hands every in-order octet the engine receives straight to the QP engine
+// (so placement reads the receive frame) and lets the QP engine build its
+// FPDUs in the TCP send buffer when the window allows. Like both engines
+// it runs on the poller that owns the connection, never concurrently.
+type EngineLLP struct {
+	qp        *qp.QP
+	cfg       mpa.Config
+	initiator bool
+	// ready: MPA startup is done and the QP is in RTS.
+	ready bool
+	// startup holds the peer's frame as it arrives; out the frame we
+	// still have to send.
+	startup []byte
+	out     []byte
+	sent    uint64
+	conn    *tcp.Conn
+	// Params is the outcome of MPA startup, once ready.
+	Params mpa.Params
+	// Err is why startup failed, if it did.
+	Err error
+	// OnReady, if set, is called when the QP has reached RTS.
+	OnReady func(*EngineLLP)
+}
+
+// NewEngineLLP prepares q to run over a TCP connection as MPA initiator
+// (the side that connected) or responder, with cfg for the negotiation.
+func NewEngineLLP(q *qp.QP, cfg mpa.Config, initiator bool) *EngineLLP {
+	return &EngineLLP{qp: q, cfg: cfg, initiator: initiator}
+}
+
+// Ready reports whether the QP runs.
+func (e *EngineLLP) Ready() bool { return e.ready }
+
+// Kick asks the TCP engine to pull FPDUs after work was posted to the QP.
+func (e *EngineLLP) Kick() {
+	if e.conn != nil {
+		e.conn.Kick()
+	}
+}
+
+// Receive takes in-order stream octets from the TCP engine.
+func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
+	e.conn = c
+	if e.Err != nil {
+		return len(b)
+	}
+	if !e.ready {
+		e.startup = append(e.startup, b...)
+		f, n, err := mpa.ParseFrame(e.startup, e.initiator)
+		if errors.Is(err, mpa.ErrShortFrame) {
+			return len(b)
+		}
+		if err != nil {
+			e.fail(c, err)
+			return len(b)
+		}
+		rest := e.startup[n:]
+		if e.initiator {
+			p, err := e.cfg.Complete(&f)
+			if err != nil {
+				e.fail(c, err)
+				return len(b)
+			}
+			e.start(c, p)
+		} else {
+			reply, p, err := e.cfg.Accept(&f)
+			if err != nil {
+				e.fail(c, err)
+				return len(b)
+			}
+			e.out, _ = reply.Append(nil)
+			e.start(c, p)
+		}
+		e.startup = nil
+		if len(rest) > 0 && e.ready {
+			e.qp.Receive(rest)
+		}
+		c.Kick()
+		return len(b)
+	}
+	e.qp.Receive(b)
+	c.Kick() // the QP may owe responses or a Terminate
+	return len(b)
+}
+
+func (e *EngineLLP) start(c *tcp.Conn, p mpa.Params) {
+	emss := min(c.MSS(), mpa.MaxULPDU)
+	if err := e.qp.Connect(p, emss, e.initiator); err != nil {
+		e.fail(c, err)
+		return
+	}
+	e.Params, e.ready = p, true
+	if e.OnReady != nil {
+		e.OnReady(e)
+	}
+}
+
+func (e *EngineLLP) fail(c *tcp.Conn, err error) {
+	e.Err = fmt.Errorf("mpa startup: %w", err)
+	c.Abort()
+}
+
+// Fill gives the TCP engine the startup frame, then FPDUs.
+func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
+	e.conn = c
+	if len(e.out) > 0 {
+		n := copy(dst, e.out)
+		e.out = e.out[n:]
+		return n
+	}
+	if !e.ready {
+		return 0
+	}
+	n := e.qp.Transmit(dst)
+	if n > 0 {
+		// Octets in the TCP send buffer belong to the LLP from here on.
+		e.sent += uint64(n)
+		e.qp.Sent(e.sent)
+	}
+	if e.qp.Ended() && n == 0 {
+		c.Close()
+	}
+	return n
+}
+
+// Event follows the TCP connection.
+func (e *EngineLLP) Event(c *tcp.Conn, ev tcp.Event) {
+	e.conn = c
+	switch ev {
+	case tcp.EventEstablished:
+		if e.initiator {
+			req, err := e.cfg.Request()
+			if err != nil {
+				e.fail(c, err)
+				return
+			}
+			e.out, _ = req.Append(nil)
+			c.Kick()
+		}
+	case tcp.EventPeerClosed:
+		if e.ready {
+			e.qp.LLPClosed(nil)
+		}
+	case tcp.EventClosed:
+		if e.ready {
+			if err := c.Err(); err != nil {
+				e.qp.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+			} else {
+				e.qp.LLPClosed(nil)
+			}
+		}
+	}
+}
