@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+
+	"github.com/softrnic/softrnic/header"
 )
 
 // Link-layer header types (www.tcpdump.org/linktypes.html) the decoder knows.
@@ -120,13 +122,13 @@ type Segment struct {
 	Truncated bool
 }
 
-// TCP flags.
+// TCP flags, as the header package names them.
 const (
-	FlagFIN = 0x01
-	FlagSYN = 0x02
-	FlagRST = 0x04
-	FlagPSH = 0x08
-	FlagACK = 0x10
+	FlagFIN = header.TCPFlagFIN
+	FlagSYN = header.TCPFlagSYN
+	FlagRST = header.TCPFlagRST
+	FlagPSH = header.TCPFlagPSH
+	FlagACK = header.TCPFlagACK
 )
 
 // ErrNotTCP says the packet is not an unfragmented TCP segment over IP.
@@ -189,8 +191,7 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 		if frag := binary.BigEndian.Uint16(b[6:]); frag&0x3fff != 0 {
 			return Segment{}, errors.New("pcap: fragmented IPv4 packet (reassembly not supported)")
 		}
-		src = netip.AddrFrom4([4]byte(b[12:16]))
-		dst = netip.AddrFrom4([4]byte(b[16:20]))
+		src, dst = header.IPv4(b).Src(), header.IPv4(b).Dst()
 		short = total - min(total, len(b)) // Ethernet padding trimmed below
 		b = b[ihl:min(total, len(b))]
 	case 0x86dd:
@@ -199,8 +200,7 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 		}
 		plen := int(binary.BigEndian.Uint16(b[4:]))
 		next := b[6]
-		src = netip.AddrFrom16([16]byte(b[8:24]))
-		dst = netip.AddrFrom16([16]byte(b[24:40]))
+		src, dst = header.IPv6(b).Src(), header.IPv6(b).Dst()
 		short = 40 + plen - min(40+plen, len(b))
 		b = b[40:min(40+plen, len(b))]
 		for next != 6 {
@@ -219,21 +219,18 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 	default:
 		return Segment{}, ErrNotTCP
 	}
-	if len(b) < 20 {
-		return Segment{}, errors.New("pcap: short TCP header")
-	}
-	off := int(b[12]>>4) * 4
-	if off < 20 || off > len(b) {
-		return Segment{}, errors.New("pcap: bad TCP data offset")
+	t := header.TCP(b)
+	if !t.IsValid(len(b)) {
+		return Segment{}, errors.New("pcap: bad TCP header")
 	}
 	return Segment{
-		Src:       netip.AddrPortFrom(src, binary.BigEndian.Uint16(b[0:])),
-		Dst:       netip.AddrPortFrom(dst, binary.BigEndian.Uint16(b[2:])),
-		Seq:       binary.BigEndian.Uint32(b[4:]),
-		Ack:       binary.BigEndian.Uint32(b[8:]),
-		Flags:     b[13],
-		Window:    binary.BigEndian.Uint16(b[14:]),
-		Payload:   b[off:],
+		Src:       netip.AddrPortFrom(src, t.SrcPort()),
+		Dst:       netip.AddrPortFrom(dst, t.DstPort()),
+		Seq:       t.Seq(),
+		Ack:       t.Ack(),
+		Flags:     t.Flags(),
+		Window:    t.Window(),
+		Payload:   t.Payload(),
 		Truncated: short > 0,
 	}, nil
 }
