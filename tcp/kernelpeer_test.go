@@ -29,12 +29,10 @@ package tcp_test
 // prints the first n segments through the pump.
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -565,69 +563,6 @@ func (k *kpEndpoint) Event(c *tcp.Conn, ev tcp.Event) {
 	}
 }
 
-// kpKernelResult is what the kernel side of a transfer saw.
-type kpKernelResult struct {
-	sent, recvd uint64
-	eofAt       time.Time // all of the engine's data and its FIN read
-	writeErr    error
-	readErr     error // nil: EOF after the data
-	corrupt     error
-}
-
-// kpKernelTransfer runs the kernel side on conn, full duplex: one
-// goroutine writes send octets of pattern kpSeedKernel and half-closes;
-// this one reads until EOF, checking pattern kpSeedEngine. Then it closes
-// conn. Everything ends by deadline.
-func kpKernelTransfer(conn *net.TCPConn, send uint64, deadline time.Time) kpKernelResult {
-	var r kpKernelResult
-	_ = conn.SetDeadline(deadline)
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		buf := make([]byte, 64<<10)
-		for r.sent < send {
-			k := min(uint64(len(buf)), send-r.sent)
-			sim.FillPattern(kpSeedKernel, r.sent, buf[:k])
-			n, err := conn.Write(buf[:k])
-			r.sent += uint64(n)
-			if err != nil {
-				r.writeErr = err
-				return
-			}
-		}
-		r.writeErr = conn.CloseWrite()
-	}()
-	buf := make([]byte, 64<<10)
-	want := make([]byte, 64<<10)
-	for {
-		n, err := conn.Read(buf)
-		if n > 0 && r.corrupt == nil {
-			sim.FillPattern(kpSeedEngine, r.recvd, want[:n])
-			if !bytes.Equal(buf[:n], want[:n]) {
-				i := 0
-				for buf[i] == want[i] {
-					i++
-				}
-				r.corrupt = fmt.Errorf("octet %d: got %#x, want %#x", r.recvd+uint64(i), buf[i], want[i])
-			}
-		}
-		r.recvd += uint64(n)
-		if err == io.EOF {
-			r.eofAt = time.Now()
-			break
-		}
-		if err != nil {
-			r.readErr = err
-			break
-		}
-	}
-	<-wrote
-	if err := conn.Close(); err != nil && r.readErr == nil {
-		r.readErr = err
-	}
-	return r
-}
-
 // kpRole is which end opens the connection.
 type kpRole int
 
@@ -715,7 +650,7 @@ func kpTransfer(t *testing.T, role kpRole, imp kpImpair, size uint64) *kpEngine 
 		ln.Close()
 	}
 
-	kr := kpKernelTransfer(conn, size, deadline)
+	kr := sim.RunSocket(conn, kpSeedKernel, kpSeedEngine, size, deadline)
 	dataTime := time.Since(startAt)
 	select {
 	case <-ep.done:
@@ -730,14 +665,14 @@ func kpTransfer(t *testing.T, role kpRole, imp kpImpair, size uint64) *kpEngine 
 		t.Errorf(format, args...)
 		failed = true
 	}
-	if kr.corrupt != nil {
-		fail("kernel received corrupt data: %v", kr.corrupt)
+	if kr.Corrupt != nil {
+		fail("kernel received corrupt data: %v", kr.Corrupt)
 	}
-	if kr.writeErr != nil || kr.sent != size {
-		fail("kernel wrote %d of %d octets: %v", kr.sent, size, kr.writeErr)
+	if kr.WriteErr != nil || kr.Sent != size {
+		fail("kernel wrote %d of %d octets: %v", kr.Sent, size, kr.WriteErr)
 	}
-	if kr.readErr != nil || kr.recvd != size {
-		fail("kernel read %d of %d octets, then %v (want EOF)", kr.recvd, size, kr.readErr)
+	if kr.ReadErr != nil || kr.Recvd != size {
+		fail("kernel read %d of %d octets, then %v (want EOF)", kr.Recvd, size, kr.ReadErr)
 	}
 	if !closed {
 		fail("engine connection not closed %v after start", closeTime)
@@ -793,7 +728,7 @@ func kpTransfer(t *testing.T, role kpRole, imp kpImpair, size uint64) *kpEngine 
 
 	mbps := func(n uint64, d time.Duration) float64 { return float64(n) / d.Seconds() / 1e6 }
 	toEngine := time.Duration(ep.recvdAllAt - e.startTime(startAt))
-	toKernel := kr.eofAt.Sub(startAt)
+	toKernel := kr.EOFAt.Sub(startAt)
 	t.Logf("%v, %s: %d MiB each way in %v (%.1f MB/s both ways together), closed after %v (peer FIN in %v)",
 		role, kpImpairString(imp), size>>20, dataTime.Round(time.Millisecond), mbps(2*size, dataTime),
 		closeTime.Round(time.Millisecond), ep.stateAtPeerFIN)

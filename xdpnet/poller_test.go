@@ -116,64 +116,6 @@ func (k *endpoint) Event(c *tcp.Conn, ev tcp.Event) {
 	}
 }
 
-type kernelResult struct {
-	sent, recvd       uint64
-	writeErr, readErr error
-	corrupt           error
-}
-
-// kernelTransfer is the kernel side on conn, full duplex: a goroutine
-// writes send octets of the kernel's pattern and half-closes; this one
-// reads to EOF, checking the engine's pattern. All ends by deadline.
-func kernelTransfer(conn *net.TCPConn, send uint64, deadline time.Time) kernelResult {
-	var r kernelResult
-	_ = conn.SetDeadline(deadline)
-	wrote := make(chan struct{})
-	go func() {
-		defer close(wrote)
-		buf := make([]byte, 64<<10)
-		for r.sent < send {
-			k := min(uint64(len(buf)), send-r.sent)
-			sim.FillPattern(seedKernel, r.sent, buf[:k])
-			n, err := conn.Write(buf[:k])
-			r.sent += uint64(n)
-			if err != nil {
-				r.writeErr = err
-				return
-			}
-		}
-		r.writeErr = conn.CloseWrite()
-	}()
-	buf := make([]byte, 64<<10)
-	want := make([]byte, 64<<10)
-	for {
-		n, err := conn.Read(buf)
-		if n > 0 && r.corrupt == nil {
-			sim.FillPattern(seedEngine, r.recvd, want[:n])
-			if !bytes.Equal(buf[:n], want[:n]) {
-				i := 0
-				for buf[i] == want[i] {
-					i++
-				}
-				r.corrupt = fmt.Errorf("octet %d: got %#x, want %#x", r.recvd+uint64(i), buf[i], want[i])
-			}
-		}
-		r.recvd += uint64(n)
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			r.readErr = err
-			break
-		}
-	}
-	<-wrote
-	if err := conn.Close(); err != nil && r.readErr == nil {
-		r.readErr = err
-	}
-	return r
-}
-
 func TestPoller(t *testing.T) {
 	for _, mode := range []bpf.Mode{bpf.ModeGeneric, bpf.ModeNative} {
 		t.Run(mode.String(), func(t *testing.T) {
@@ -317,7 +259,7 @@ func testTransfer(t *testing.T, e *env, engineServer bool) {
 			t.Fatalf("kernel accept: %v (poller %+v)", err, e.p.Stats())
 		}
 	}
-	kr := kernelTransfer(conn, transferSize, deadline)
+	kr := sim.RunSocket(conn, seedKernel, seedEngine, transferSize, deadline)
 	dataTime := time.Since(startAt)
 	select {
 	case <-ep.done:
@@ -326,14 +268,14 @@ func testTransfer(t *testing.T, e *env, engineServer bool) {
 	}
 	closeTime := time.Since(startAt)
 	// ep.done was closed on the loop after its last use of ep.
-	if kr.corrupt != nil {
-		t.Errorf("kernel received corrupt data: %v", kr.corrupt)
+	if kr.Corrupt != nil {
+		t.Errorf("kernel received corrupt data: %v", kr.Corrupt)
 	}
-	if kr.writeErr != nil || kr.sent != transferSize {
-		t.Errorf("kernel wrote %d of %d octets: %v", kr.sent, transferSize, kr.writeErr)
+	if kr.WriteErr != nil || kr.Sent != transferSize {
+		t.Errorf("kernel wrote %d of %d octets: %v", kr.Sent, transferSize, kr.WriteErr)
 	}
-	if kr.readErr != nil || kr.recvd != transferSize {
-		t.Errorf("kernel read %d of %d octets, then %v (want EOF)", kr.recvd, transferSize, kr.readErr)
+	if kr.ReadErr != nil || kr.Recvd != transferSize {
+		t.Errorf("kernel read %d of %d octets, then %v (want EOF)", kr.Recvd, transferSize, kr.ReadErr)
 	}
 	if ep.Corrupt != nil {
 		t.Errorf("engine received corrupt data: %v", ep.Corrupt)
