@@ -178,11 +178,13 @@ func (q *QP) State() qp.State {
 	return q.eng.State()
 }
 
+// engineEventKinds maps the engine's terminal events to the device's.
+var engineEventKinds = map[qp.EventKind]ConnEventKind{qp.TerminateSent: TerminateSent, qp.TerminateReceived: TerminateReceived,
+	qp.Disconnected: Disconnected, qp.Broken: Broken}
+
 // engineEvent runs under q.mu: it must not block.
 func (q *QP) engineEvent(e qp.Event) {
-	kind := map[qp.EventKind]ConnEventKind{qp.TerminateSent: TerminateSent, qp.TerminateReceived: TerminateReceived,
-		qp.Disconnected: Disconnected, qp.Broken: Broken}[e.Kind]
-	q.post(ConnEvent{Kind: kind, Err: e.Err})
+	q.post(ConnEvent{Kind: engineEventKinds[e.Kind], Err: e.Err})
 }
 
 func (q *QP) post(ev ConnEvent) {

@@ -64,7 +64,7 @@ func TestVolumeWriteReadSend(t *testing.T) {
 			checkOK(t, wait(t, cli.scq, 1))
 			// A Send after the Writes: once it arrives, the Writes
 			// are placed (RFC 5040 ordering).
-			syncSend(t, s, c, srv, cli, sbuf)
+			syncSend(t, s, c, srv, cli)
 			dst.Write(sbuf.Buf)
 		}
 		sameDigest(t, "write", src, dst)
@@ -116,7 +116,7 @@ func TestVolumeWriteReadSend(t *testing.T) {
 }
 
 // syncSend sends an empty message from client to server and waits for it.
-func syncSend(t *testing.T, s, c *QP, srv, cli *host, sbuf *MR) {
+func syncSend(t *testing.T, s, c *QP, srv, cli *host) {
 	t.Helper()
 	must(t, s.PostRecv(&qp.RecvWR{ID: 999}))
 	must(t, c.PostSend(&qp.SendWR{ID: 999, Op: qp.OpSend, Flags: qp.Signaled}))

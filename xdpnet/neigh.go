@@ -32,6 +32,9 @@ type neighbours struct {
 	lastAddr netip.Addr
 	last     *neighbour
 	buf      []byte
+	// req and kernel are reused for every query.
+	req    [unix.SizeofNlMsghdr + unix.SizeofNdMsg + unix.SizeofRtAttr + 4]byte
+	kernel unix.SockaddrNetlink
 }
 
 type neighbour struct {
@@ -56,7 +59,8 @@ func newNeighbours(ifindex int) (*neighbours, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("xdpnet: netlink timeout: %w", err)
 	}
-	return &neighbours{fd: fd, ifindex: ifindex, cache: make(map[netip.Addr]*neighbour), buf: make([]byte, 4096)}, nil
+	return &neighbours{fd: fd, ifindex: ifindex, cache: make(map[netip.Addr]*neighbour), buf: make([]byte, 4096),
+		kernel: unix.SockaddrNetlink{Family: unix.AF_NETLINK}}, nil
 }
 
 func (n *neighbours) close() error { return unix.Close(n.fd) }
@@ -75,6 +79,11 @@ func (n *neighbours) lookup(now tcp.Time, addr netip.Addr) ([6]byte, bool) {
 	}
 	if e.valid && now-e.checkedAt < tcp.Time(neighbourTTL) {
 		return e.mac, true
+	}
+	// Unresolved: ask the kernel again only every retrigger, not for
+	// every segment that waits (each query is a netlink round trip).
+	if !e.valid && e.checkedAt != 0 && now-e.checkedAt < tcp.Time(retrigger) {
+		return e.mac, false
 	}
 	e.checkedAt = now
 	mac, ok, err := n.query(addr)
@@ -102,7 +111,7 @@ func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
 	a4 := addr.As4()
 	const attrLen = unix.SizeofRtAttr + 4
 	msgLen := unix.SizeofNlMsghdr + unix.SizeofNdMsg + attrLen
-	req := make([]byte, msgLen)
+	req := n.req[:]
 	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
 		Len: uint32(msgLen), Type: unix.RTM_GETNEIGH, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
 	}
@@ -112,7 +121,7 @@ func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
 	off := unix.SizeofNlMsghdr + unix.SizeofNdMsg
 	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.NDA_DST}
 	copy(req[off+unix.SizeofRtAttr:], a4[:])
-	if err := unix.Sendto(n.fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	if err := unix.Sendto(n.fd, req, 0, &n.kernel); err != nil {
 		return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", err)
 	}
 	for range 8 { // skip stale answers to earlier, timed-out requests
