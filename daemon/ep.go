@@ -102,9 +102,6 @@ func (s *session) createEP(a *ctl.EPAttr, _ any) (any, []*os.File, error) {
 		return nil, nil, err
 	}
 	e.h = h
-	if e.qp != nil {
-		s.byQPN[e.qp.QPN()] = e
-	}
 	return s.epReply(e), f, nil
 }
 
@@ -116,9 +113,6 @@ func (s *session) epReply(e *ep) *ctl.EPReply {
 	return r
 }
 
-// configureEP takes references on the PZ and EVDs of a and, with a PZ,
-// creates the QP and its rings; it returns the rings' memfd for the client.
-// s.mu held.
 // resolveEP checks an EP's attributes and finds the objects they name;
 // s.mu held. Everything but running out of resources fails here.
 func (s *session) resolveEP(a *ctl.EPAttr) (p *pz, recv, req, conn *evd, err error) {
@@ -146,6 +140,9 @@ func (s *session) resolveEP(a *ctl.EPAttr) (p *pz, recv, req, conn *evd, err err
 	return
 }
 
+// configureEP takes references on the PZ and EVDs of a and, with a PZ,
+// creates the QP and its rings; it returns the rings' memfd for the client.
+// s.mu held.
 func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 	p, recv, req, conn, err := s.resolveEP(a)
 	if err != nil {
@@ -167,6 +164,7 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 			return nil, fail(ctl.InvalidParameter, "%v", err)
 		}
 		e.qp, e.rings = q, mem
+		s.byQPN[q.QPN()] = e // unconfigureEP removes it
 		e.sq, _ = shm.NewRing(mem.Mem[:sqSize], sqn, shm.SQESize)
 		e.rq, _ = shm.NewRing(mem.Mem[sqSize:], rqn, shm.RQESize)
 		fd, err := dupFile(mem.File)
@@ -255,9 +253,6 @@ func (s *session) modifyEP(req *ctl.ModifyEP) (any, []*os.File, error) {
 	if err != nil {
 		s.srv.log.Warn("EP left without queues: modify ran out of resources", "ep", e.h, "err", err)
 		return nil, nil, err
-	}
-	if e.qp != nil {
-		s.byQPN[e.qp.QPN()] = e
 	}
 	return s.epReply(e), files, nil
 }
