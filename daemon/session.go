@@ -414,6 +414,11 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 	ringFD, err1 := dupFile(mem.File)
 	notifyFD, err2 := dupFile(notify)
 	if err := errors.Join(err1, err2); err != nil {
+		for _, f := range []*os.File{ringFD, notifyFD} {
+			if f != nil {
+				f.Close()
+			}
+		}
 		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
 	}
 	return &ctl.CreateEVDReply{EVD: h, Entries: entries}, []*os.File{ringFD, notifyFD}, nil
