@@ -69,7 +69,7 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 		if opts.Iface == "" {
 			return nil, fmt.Errorf("open IA: no socket or interface given: %w", ErrInvalidParameter)
 		}
-		path = "/run/softrnic/" + opts.Iface + ".sock"
+		path = ctl.DefaultSocket(opts.Iface)
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", path)

@@ -1,6 +1,13 @@
 package ctl
 
-import "fmt"
+import (
+	"fmt"
+	"path/filepath"
+)
+
+// DefaultSocket is where the daemon for iface listens by default, and where
+// clients look for it.
+func DefaultSocket(iface string) string { return filepath.Join("/run/softrnic", iface+".sock") }
 
 // Op names a request (and its reply).
 type Op uint16

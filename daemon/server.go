@@ -27,6 +27,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/rnic"
 )
 
@@ -70,7 +71,7 @@ type Server struct {
 }
 
 // DefaultSocket is where a daemon for iface listens by default.
-func DefaultSocket(iface string) string { return filepath.Join("/run/softrnic", iface+".sock") }
+func DefaultSocket(iface string) string { return ctl.DefaultSocket(iface) }
 
 // New checks the options, opens the device and listens on the control
 // socket (mode 0660; a stale socket file is replaced).
