@@ -126,11 +126,25 @@ func toSendWR(e *shm.SQE, sgl []qp.SGE) (qp.SendWR, error) {
 	}
 	wr := qp.SendWR{ID: e.ID, Op: qp.SendOp(e.Op), Flags: qp.Flags(e.Flags), RemoteSTag: e.RemoteSTag, RemoteTO: e.RemoteTO,
 		InvalidateSTag: e.InvalidateSTag, Compare: e.Compare, Swap: e.Swap, Add: e.Compare, Immediate: e.Immediate}
-	wr.SGL = sgl[:e.NSGE]
-	for i := range wr.SGL {
-		wr.SGL[i] = qp.SGE{LKey: e.SGL[i].LKey, Addr: e.SGL[i].Addr, Length: e.SGL[i].Length}
-	}
+	wr.SGL = copySGL(sgl[:e.NSGE], e.SGL[:])
 	return wr, nil
+}
+
+// toRecvWR validates a copied receive-ring entry, building its SGL in sgl
+// as toSendWR does.
+func toRecvWR(e *shm.RQE, sgl []qp.SGE) (qp.RecvWR, error) {
+	if int(e.NSGE) > min(shm.RQSGE, len(sgl)) {
+		return qp.RecvWR{}, qp.ErrInvalidWR
+	}
+	return qp.RecvWR{ID: e.ID, SGL: copySGL(sgl[:e.NSGE], e.SGL[:])}, nil
+}
+
+// copySGL fills dst from the ring entry's SGEs and returns it.
+func copySGL(dst []qp.SGE, src []shm.SGE) []qp.SGE {
+	for i := range dst {
+		dst[i] = qp.SGE{LKey: src[i].LKey, Addr: src[i].Addr, Length: src[i].Length}
+	}
+	return dst
 }
 
 // drainRings moves everything waiting in an EP's rings into the engine, as
@@ -184,14 +198,8 @@ func (s *session) drainRQ(e *ep) bool {
 			break
 		}
 		rqe := shm.DecodeRQE(slot)
-		var err2 error
-		if rqe.NSGE > shm.RQSGE {
-			err2 = qp.ErrInvalidWR
-		} else {
-			wr := qp.RecvWR{ID: rqe.ID, SGL: e.sgl[:rqe.NSGE]}
-			for i := range wr.SGL {
-				wr.SGL[i] = qp.SGE{LKey: rqe.SGL[i].LKey, Addr: rqe.SGL[i].Addr, Length: rqe.SGL[i].Length}
-			}
+		wr, err2 := toRecvWR(&rqe, e.sgl[:])
+		if err2 == nil {
 			err2 = e.qp.PostRecv(&wr)
 			if errors.Is(err2, qp.ErrQueueFull) {
 				break
