@@ -102,15 +102,20 @@ func (ia *IA) CreateEP(a EPAttr) (*EP, error) {
 	return e, nil
 }
 
+// dropRings unmaps the EP's rings; e.mu held.
+func (e *EP) dropRings() {
+	if e.rings != nil {
+		_ = shm.Unmap(e.rings)
+		e.rings, e.sq, e.rq = nil, nil, nil
+	}
+}
+
 // attach maps the rings the daemon passed with an EP reply.
 func (e *EP) attach(r *ctl.EPReply, files []*os.File) error {
 	defer closeAll(files)
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if e.rings != nil {
-		_ = shm.Unmap(e.rings)
-		e.rings, e.sq, e.rq = nil, nil, nil
-	}
+	e.dropRings()
 	if !r.HasRings {
 		return nil
 	}
@@ -210,10 +215,7 @@ func (e *EP) Free() error {
 	delete(e.ia.eps, e.h)
 	e.ia.objMu.Unlock()
 	e.mu.Lock()
-	if e.rings != nil {
-		_ = shm.Unmap(e.rings)
-		e.rings, e.sq, e.rq = nil, nil, nil
-	}
+	e.dropRings()
 	e.mu.Unlock()
 	return nil
 }
