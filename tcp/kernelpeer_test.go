@@ -45,6 +45,7 @@ import (
 
 	"github.com/softrnic/softrnic/header"
 	"github.com/softrnic/softrnic/internal/impair"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/internal/tun"
 	"github.com/softrnic/softrnic/tcp"
@@ -1073,9 +1074,7 @@ func (h *kpBulk) pump() {
 // kernel's TCP through the TUN pump, one way at a time, and reports the
 // rate (MB/s, with 1 MiB per op). Connection setup is not timed.
 func BenchmarkKernelPeerThroughput(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root (network namespaces, TUN)")
-	}
+	testenv.RequireRoot(b)
 	b.Run("EngineReceives", func(b *testing.B) { kpBench(b, false) })
 	b.Run("EngineSends", func(b *testing.B) { kpBench(b, true) })
 }

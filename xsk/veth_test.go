@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 )
 
@@ -421,7 +422,7 @@ func TestVethRXTX(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			v, err := newVethXSK(t, topology.Options{}, tc.mode)
 			if errors.Is(err, errAttach) && tc.mode == link.XDPDriverMode {
-				t.Skipf("native XDP on veth unavailable on this kernel: %v", err)
+				testenv.Unmet(t, "native XDP on veth unavailable on this kernel: %v", err)
 			}
 			if err != nil {
 				t.Fatal(err)
@@ -754,7 +755,7 @@ func BenchmarkXSKRx(b *testing.B) {
 func benchmarkXSKRx(b *testing.B, mode link.XDPAttachFlags, sender string) {
 	v, err := newVethXSK(b, topology.Options{}, mode)
 	if errors.Is(err, errAttach) && mode == link.XDPDriverMode {
-		b.Skipf("native XDP on veth unavailable: %v", err)
+		testenv.Unmet(b, "native XDP on veth unavailable: %v", err)
 	}
 	if err != nil {
 		b.Fatal(err)
