@@ -21,12 +21,14 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/rnic"
 )
@@ -39,8 +41,13 @@ type Options struct {
 	Datapath string
 	// Socket is the control socket's path; default /run/softrnic/IFACE.sock.
 	Socket string
-	// Pollers is the number of completion vectors offered.
+	// Pollers is the number of completion vectors offered; on the xdp
+	// datapath, the number of pollers (0: one per receive queue, at
+	// most one per CPU), each pinned to its CPU.
 	Pollers int
+	// XDPMode is the XDP attach mode on the xdp datapath: "auto" (the
+	// default: native where the driver has it), "native" or "generic".
+	XDPMode string
 	Logger  *slog.Logger
 }
 
@@ -79,15 +86,20 @@ func New(opts Options) (*Server, error) {
 	if opts.Datapath == "" {
 		opts.Datapath = "kernel"
 	}
+	var mode bpf.Mode
+	switch opts.XDPMode {
+	case "", "auto":
+	case "native":
+		mode = bpf.ModeNative
+	case "generic":
+		mode = bpf.ModeGeneric
+	default:
+		return nil, fmt.Errorf("%w: unknown XDP mode %q (auto, native or generic)", ErrDatapath, opts.XDPMode)
+	}
 	switch opts.Datapath {
-	case "kernel":
-	case "xdp":
-		return nil, fmt.Errorf("%w: --datapath xdp is not yet available; use kernel", ErrDatapath)
+	case "kernel", "xdp":
 	default:
 		return nil, fmt.Errorf("%w: unknown datapath %q (kernel or xdp)", ErrDatapath, opts.Datapath)
-	}
-	if opts.Pollers <= 0 {
-		opts.Pollers = 1
 	}
 	if opts.Socket == "" {
 		opts.Socket = DefaultSocket(opts.Iface)
@@ -99,12 +111,26 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var dev *rnic.Device
+	if opts.Datapath == "xdp" {
+		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true})
+		if err != nil {
+			return nil, fmt.Errorf("%w: xdp: %v", ErrDatapath, err)
+		}
+		opts.Pollers = len(dev.Pollers())
+	} else {
+		dev = rnic.Open()
+		if opts.Pollers <= 0 {
+			opts.Pollers = runtime.NumCPU()
+		}
+	}
 	ln, err := listenControl(opts.Socket)
 	if err != nil {
+		dev.Close()
 		return nil, err
 	}
-	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: rnic.Open(), ln: ln, sessions: map[*session]struct{}{}}
-	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "socket", opts.Socket)
+	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}}
+	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
 	return s, nil
 }
 

@@ -7,11 +7,14 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // Connection setup errors. A rejection carries the peer's private data.
@@ -43,10 +46,13 @@ type ConnectOptions struct {
 // Established event, and returned.
 func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
 	q.mu.Lock()
-	busy := q.conn != nil || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.conn != nil || q.ec != nil || q.eng.State() != qp.Idle || q.eng.Ended()
 	q.mu.Unlock()
 	if busy {
 		return nil, ErrState
+	}
+	if q.dev.xdp != nil {
+		return q.connectEngine(ctx, raddr, opts)
 	}
 	timeout := opts.Timeout
 	if timeout == 0 {
@@ -172,8 +178,14 @@ type ListenOptions struct {
 
 // Listener is a passive endpoint on a TCP port.
 type Listener struct {
-	dev   *Device
-	ln    *net.TCPListener
+	dev *Device
+	ln  *net.TCPListener
+	// On the accelerated datapath: the port, the poller listening and
+	// its TCP listener (ln is nil).
+	port  uint16
+	p     *xdpnet.Poller
+	tl    *tcp.Listener
+	addr  *net.TCPAddr
 	opts  ListenOptions
 	reqs  chan *ConnRequest
 	done  chan struct{}
@@ -188,6 +200,9 @@ func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultMPATimeout
+	}
+	if d.xdp != nil {
+		return d.listenEngine(addr, opts)
 	}
 	la, err := net.ResolveTCPAddr("tcp", addr)
 	if err != nil {
@@ -204,13 +219,22 @@ func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 }
 
 // Addr is the listening address.
-func (l *Listener) Addr() *net.TCPAddr { return l.ln.Addr().(*net.TCPAddr) }
+func (l *Listener) Addr() *net.TCPAddr {
+	if l.ln == nil {
+		return l.addr
+	}
+	return l.ln.Addr().(*net.TCPAddr)
+}
 
 // Close stops listening; requests not yet accepted are rejected.
 func (l *Listener) Close() error {
 	l.once.Do(func() {
 		close(l.done)
-		l.ln.Close()
+		if l.ln != nil {
+			l.ln.Close()
+		} else {
+			l.closeEngine()
+		}
 		l.loops.Wait()
 		for {
 			select {
@@ -283,12 +307,16 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 
 // ConnRequest is an incoming connection waiting for the consumer's answer.
 type ConnRequest struct {
-	l           *Listener
-	conn        *net.TCPConn
-	req         mpa.Frame
-	timer       *time.Timer
-	mu          sync.Mutex
-	answered    bool
+	l        *Listener
+	conn     *net.TCPConn
+	req      mpa.Frame
+	timer    *time.Timer
+	mu       sync.Mutex
+	answered bool
+	// ec is the connection on the accelerated datapath (conn is nil);
+	// gone: it closed before the answer.
+	ec          *engineConn
+	gone        atomic.Bool
 	PrivateData []byte
 	RemoteAddr  *net.TCPAddr
 	LocalAddr   *net.TCPAddr
@@ -313,10 +341,13 @@ func (cr *ConnRequest) answer() bool {
 // Accept catch the peer's first messages.
 func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	q.mu.Lock()
-	busy := q.conn != nil || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.conn != nil || q.ec != nil || q.eng.State() != qp.Idle || q.eng.Ended()
 	q.mu.Unlock()
 	if busy {
 		return ErrState
+	}
+	if cr.ec != nil {
+		return cr.acceptEngine(q, private)
 	}
 	if !cr.answer() {
 		return ErrAnswered
@@ -354,6 +385,9 @@ func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 func (cr *ConnRequest) Reject(private []byte) error {
 	if !cr.answer() {
 		return ErrAnswered
+	}
+	if cr.ec != nil {
+		return cr.rejectEngine(private)
 	}
 	cfg := mpa.Config{PrivateData: private}
 	reply, err := cfg.Reject(&cr.req)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/tcp"
 )
 
 // Errors of the device verbs.
@@ -46,6 +47,8 @@ type Device struct {
 	qps    map[uint32]*QP
 
 	stags stagTable
+	// xdp is the accelerated datapath; nil on the kernel datapath.
+	xdp *xdpPath
 }
 
 // Open returns a new device.
@@ -68,6 +71,13 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	for _, q := range qps {
 		q.Destroy()
+	}
+	if d.xdp != nil {
+		// Aborted connections send their RSTs before the loops stop.
+		for _, p := range d.xdp.pollers {
+			_ = p.Do(func(*tcp.Stack, tcp.Time) {})
+		}
+		d.xdp.close()
 	}
 	return nil
 }

@@ -35,6 +35,18 @@ type EngineLLP struct {
 	Err error
 	// OnReady, if set, is called when the QP has reached RTS.
 	OnReady func(*EngineLLP)
+	// OnRequest, if set, makes a responder wait for its consumer: it is
+	// called with the peer's MPA Request, and the connection waits
+	// until Accept or Reject. Without it a responder accepts at once.
+	OnRequest func(*EngineLLP, *mpa.Frame)
+	// Rejected holds the peer's private data when it rejected our
+	// Request (Err then wraps mpa.ErrRejected).
+	Rejected []byte
+	// req is the peer's Request while the consumer decides; closeAfter:
+	// close once out is sent (a Reject).
+	req        mpa.Frame
+	waiting    bool
+	closeAfter bool
 }
 
 // NewEngineLLP prepares q to run over a TCP connection as MPA initiator
@@ -73,10 +85,21 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 		if e.initiator {
 			p, err := e.cfg.Complete(&f)
 			if err != nil {
+				if errors.Is(err, mpa.ErrRejected) {
+					e.Rejected = append([]byte{}, f.PrivateData...)
+				}
 				e.fail(c, err)
 				return len(b)
 			}
 			e.start(c, p)
+		} else if e.OnRequest != nil {
+			if e.waiting {
+				return len(b) // the initiator may not speak before our Reply
+			}
+			e.req, e.waiting = f, true
+			e.req.PrivateData = append([]byte(nil), f.PrivateData...)
+			e.OnRequest(e, &e.req)
+			return len(b)
 		} else {
 			reply, p, err := e.cfg.Accept(&f)
 			if err != nil {
@@ -96,6 +119,56 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 	e.qp.Receive(b)
 	c.Kick() // the QP may owe responses or a Terminate
 	return len(b)
+}
+
+// Waiting reports that a responder holds a Request for its consumer.
+func (e *EngineLLP) Waiting() bool { return e.waiting }
+
+// Accept answers the waiting Request with an MPA Reply built from cfg and
+// runs q on the connection. Call it on the connection's poller. An
+// initiator IRD below our ORD shrinks our ORD, as on the kernel datapath.
+func (e *EngineLLP) Accept(q *qp.QP, cfg mpa.Config) error {
+	if !e.waiting || e.conn == nil {
+		return errors.New("rnic: no request waiting")
+	}
+	if e.Err != nil {
+		return e.Err
+	}
+	e.waiting = false
+	e.qp, e.cfg = q, cfg
+	reply, p, err := cfg.Accept(&e.req)
+	if err != nil && !errors.Is(err, ddp.LLPInsufficientIRD) {
+		e.fail(e.conn, err)
+		return e.Err
+	}
+	if e.out, err = reply.Append(nil); err != nil {
+		e.fail(e.conn, err)
+		return e.Err
+	}
+	e.start(e.conn, p)
+	e.conn.Kick()
+	return e.Err
+}
+
+// Reject answers the waiting Request with a Reject carrying private, then
+// closes the connection. Call it on the connection's poller.
+func (e *EngineLLP) Reject(private []byte) {
+	if !e.waiting || e.conn == nil {
+		return
+	}
+	e.waiting = false
+	cfg := mpa.Config{PrivateData: private}
+	reply, err := cfg.Reject(&e.req)
+	if err == nil {
+		e.out, err = reply.Append(nil)
+	}
+	e.Err = mpa.ErrRejected
+	if err != nil || len(e.out) == 0 {
+		e.conn.Close()
+		return
+	}
+	e.closeAfter = true
+	e.conn.Kick()
 }
 
 func (e *EngineLLP) start(c *tcp.Conn, p mpa.Params) {
@@ -121,6 +194,9 @@ func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
 	if len(e.out) > 0 {
 		n := copy(dst, e.out)
 		e.out = e.out[n:]
+		if len(e.out) == 0 && e.closeAfter {
+			c.Close()
+		}
 		return n
 	}
 	if !e.ready {
@@ -132,7 +208,9 @@ func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
 		e.sent += uint64(n)
 		e.qp.Sent(e.sent)
 	}
-	if e.qp.Ended() && n == 0 {
+	// Ended (after a Terminate or the peer's FIN) or a graceful
+	// disconnect with nothing left: our FIN.
+	if (n == 0 && e.qp.Ended()) || e.qp.Drained() {
 		c.Close()
 	}
 	return n

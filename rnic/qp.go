@@ -87,6 +87,7 @@ type QP struct {
 	mu      sync.Mutex
 	eng     *qp.QP
 	conn    *net.TCPConn
+	ec      *engineConn // the connection on the accelerated datapath
 	sentTot uint64
 	abort   bool
 	finSent bool
@@ -158,6 +159,9 @@ func (q *QP) Ended() bool {
 func (q *QP) Addrs() (local, remote string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	if q.ec != nil {
+		return q.ec.addrs()
+	}
 	if q.conn == nil {
 		return "", ""
 	}
@@ -210,9 +214,13 @@ func (q *QP) PostSend(wr *qp.SendWR) error {
 	q.mu.Lock()
 	err := q.eng.PostSend(wr)
 	work := err == nil && q.conn != nil
+	ec := q.ec
 	q.mu.Unlock()
 	if work {
 		q.wake()
+	}
+	if err == nil && ec != nil {
+		ec.kick()
 	}
 	return err
 }
@@ -240,8 +248,12 @@ func (q *QP) Disconnect(graceful bool) {
 		q.abort = true
 	}
 	q.eng.Disconnect(graceful)
+	ec := q.ec
 	q.mu.Unlock()
 	q.wake()
+	if ec != nil {
+		ec.kick()
+	}
 }
 
 // Reset returns a QP whose connection ended to a fresh, unconnected state
@@ -255,11 +267,17 @@ func (q *QP) Reset() error {
 	}
 	q.loops.Wait()
 	q.mu.Lock()
+	ec := q.ec
+	q.mu.Unlock()
+	if ec != nil {
+		ec.detach(false)
+	}
+	q.mu.Lock()
 	defer q.mu.Unlock()
 	if err := q.eng.Reset(); err != nil {
 		return fmt.Errorf("reset QP %d: %w", q.qpn, ErrState)
 	}
-	q.conn, q.sentTot, q.abort, q.finSent = nil, 0, false, false
+	q.conn, q.ec, q.sentTot, q.abort, q.finSent = nil, nil, 0, false, false
 	q.heard.Store(false)
 	return nil
 }
@@ -270,6 +288,12 @@ func (q *QP) Destroy() {
 	q.destroyOnce.Do(func() {
 		q.Disconnect(false)
 		q.loops.Wait()
+		q.mu.Lock()
+		ec := q.ec
+		q.mu.Unlock()
+		if ec != nil {
+			ec.detach(true)
+		}
 		q.dev.mu.Lock()
 		delete(q.dev.qps, q.qpn)
 		q.dev.mu.Unlock()
@@ -454,8 +478,12 @@ func (q *QP) nudgeIfSilent() {
 	if q.sentTot > 0 {
 		q.eng.Nudge()
 	}
+	ec := q.ec
 	q.mu.Unlock()
 	q.wake()
+	if ec != nil {
+		ec.kick()
+	}
 }
 
 func (q *QP) sendFIN() {

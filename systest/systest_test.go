@@ -44,15 +44,42 @@ func waitFor(t *testing.T, path string) {
 // server) and 128 MiB back by RDMA Read (compared at the client), plus
 // Sends: 1 GiB of mixed traffic in all.
 func TestTwoHostsSeveralApplications(t *testing.T) {
-	net := topology.NewTest(t, topology.Options{})
+	twoHosts(t, topology.Options{}, [2][]string{nil, nil})
+}
+
+// The same on the accelerated datapath: softrnicd --datapath xdp against
+// itself and against softrnicd on the kernel's TCP, in both XDP modes,
+// on veth with one receive queue and with two.
+func TestTwoHostsXDP(t *testing.T) {
+	testenv.RequireRoot(t)
+	xdp := func(mode string) []string { return []string{"--datapath", "xdp", "--xdp-mode", mode} }
+	for _, mode := range []string{"generic", "native"} {
+		for _, queues := range []int{1, 2} {
+			for _, peer := range []string{"xdp", "kernel"} {
+				t.Run(fmt.Sprintf("%s-%dq-xdp-%s", mode, queues, peer), func(t *testing.T) {
+					args := [2][]string{xdp(mode), xdp(mode)}
+					if peer == "kernel" {
+						args[1] = nil
+					}
+					twoHosts(t, topology.Options{Queues: queues}, args)
+				})
+			}
+		}
+	}
+}
+
+// twoHosts runs the daemons with the given extra arguments (A's, B's) and
+// the applications between them.
+func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
+	net := topology.NewTest(t, opts)
 	dir := t.TempDir()
 	build(t, dir)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	for _, d := range []struct {
+	for i, d := range []struct {
 		host topology.Host
 		sock string
 	}{{net.A, sockA}, {net.B, sockB}} {
-		cmd := d.host.Command(filepath.Join(dir, "softrnicd"), "--iface", d.host.Link, "--socket", d.sock, "--log-level", "warn")
+		cmd := d.host.Command(filepath.Join(dir, "softrnicd"), append([]string{"--iface", d.host.Link, "--socket", d.sock, "--log-level", "warn"}, args[i]...)...)
 		cmd.Stderr = os.Stderr
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)

@@ -120,6 +120,9 @@ type Config struct {
 	// Spin is how long the loop keeps polling after the last turn that
 	// found work before it sleeps (default 50 µs).
 	Spin time.Duration
+	// Pin, with CPU, pins the loop's OS thread to that CPU.
+	Pin bool
+	CPU int
 }
 
 const (
@@ -179,14 +182,18 @@ type Poller struct {
 	eventfd  int
 	neigh    *neighbours
 
-	calls    chan call
-	quit     chan struct{} // closed when Run ends or Close runs
-	quitOnce sync.Once
-	stopReq  atomic.Bool // Run returns at its next turn
-	closed   atomic.Bool
-	mu       sync.Mutex // guards running against Close
-	running  bool
-	stopped  chan struct{} // closed when Run returns
+	calls      chan call
+	asyncMu    sync.Mutex
+	async      []func() // Async functions waiting for the loop
+	asyncSpare []func() // the loop's: the slice runAsync last emptied
+	sleeping   atomic.Bool
+	quit       chan struct{} // closed when Run ends or Close runs
+	quitOnce   sync.Once
+	stopReq    atomic.Bool // Run returns at its next turn
+	closed     atomic.Bool
+	mu         sync.Mutex // guards running against Close
+	running    bool
+	stopped    chan struct{} // closed when Run returns
 
 	// Owned by the loop.
 	stack       *tcp.Stack
@@ -302,6 +309,10 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	return p, nil
 }
 
+// Check says, in words, what makes the interface unusable for cfg, before
+// anything is attached to it.
+func Check(cfg Config) (*net.Interface, error) { return checkInterface(cfg) }
+
 // checkInterface says, in words, what makes the interface unusable.
 func checkInterface(cfg Config) (*net.Interface, error) {
 	if !cfg.Addr.Is4() {
@@ -395,6 +406,13 @@ func (p *Poller) Run(ctx context.Context) error {
 	if err := unix.Setns(p.nsfd, unix.CLONE_NEWNET); err != nil {
 		return fmt.Errorf("xdpnet: run: enter network namespace: %w", err)
 	}
+	if p.cfg.Pin {
+		var set unix.CPUSet
+		set.Set(p.cfg.CPU)
+		if err := unix.SchedSetaffinity(0, &set); err != nil {
+			return fmt.Errorf("xdpnet: run: pin to CPU %d: %w", p.cfg.CPU, err)
+		}
+	}
 	stop := context.AfterFunc(ctx, p.requestStop)
 	defer stop()
 	p.start = time.Now()
@@ -444,6 +462,9 @@ func (p *Poller) turn() (bool, error) {
 		}
 		break
 	}
+	if p.runAsync() {
+		work = true
+	}
 	if p.receive() {
 		work = true
 	}
@@ -475,6 +496,16 @@ func (p *Poller) sleep(now tcp.Time) error {
 		d = min(d, waitCompletion)
 	}
 	if len(p.calls) > 0 || d == 0 {
+		return nil
+	}
+	// Async callers look at sleeping after queueing: either they see it
+	// and wake us, or we see their function here.
+	p.sleeping.Store(true)
+	defer p.sleeping.Store(false)
+	p.asyncMu.Lock()
+	queued := len(p.async)
+	p.asyncMu.Unlock()
+	if queued > 0 {
 		return nil
 	}
 	p.stats.Sleeps++
@@ -535,6 +566,33 @@ func (p *Poller) Do(fn func(s *tcp.Stack, now tcp.Time)) error {
 		}
 		return ErrClosed
 	}
+}
+
+// Async queues fn to run on the loop and returns at once; the loop is
+// woken if it sleeps. Functions run in the order queued; fn must not
+// block. Safe from any goroutine, the loop's included. After the loop
+// stopped, queued functions never run.
+func (p *Poller) Async(fn func()) {
+	p.asyncMu.Lock()
+	p.async = append(p.async, fn)
+	p.asyncMu.Unlock()
+	if p.sleeping.Load() {
+		p.wake()
+	}
+}
+
+// runAsync runs the functions Async queued; it reports whether there were any.
+func (p *Poller) runAsync() bool {
+	p.asyncMu.Lock()
+	fns := p.async
+	p.async = p.asyncSpare[:0]
+	p.asyncMu.Unlock()
+	for i, fn := range fns {
+		fn()
+		fns[i] = nil
+	}
+	p.asyncSpare = fns
+	return len(fns) > 0
 }
 
 // Stats returns the counters as the loop last published them (every

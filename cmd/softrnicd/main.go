@@ -1,7 +1,7 @@
 // Command softrnicd is the softrnic daemon: it owns the software RNIC of one
 // network interface and serves applications on a Unix socket.
 //
-//	softrnicd --iface IFACE [--datapath kernel|xdp] [--socket PATH] [--pollers N] [--log-level L]
+//	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--socket PATH] [--pollers N] [--log-level L]
 package main
 
 import (
@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"runtime"
 	"syscall"
 
 	"github.com/softrnic/softrnic/daemon"
@@ -20,11 +19,12 @@ func main() {
 	iface := flag.String("iface", "", "network interface to serve (required)")
 	datapath := flag.String("datapath", "kernel", "datapath: kernel (MPA over kernel TCP) or xdp")
 	socket := flag.String("socket", "", "control socket path (default /run/softrnic/IFACE.sock)")
-	pollers := flag.Int("pollers", runtime.NumCPU(), "completion vectors (pollers)")
+	pollers := flag.Int("pollers", 0, "completion vectors: on the xdp datapath the pinned pollers, one per receive queue (default: the queues, at most the CPUs); on the kernel datapath default the CPUs")
+	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
 	if *iface == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--socket PATH] [--pollers N] [--log-level L]")
+		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--socket PATH] [--pollers N] [--log-level L]")
 		os.Exit(2)
 	}
 	var lv slog.Level
@@ -33,7 +33,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, Logger: log})
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)

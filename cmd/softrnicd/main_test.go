@@ -51,8 +51,12 @@ func TestBadFlagsAndInterface(t *testing.T) {
 		t.Fatalf("missing interface: %v %s", err, out)
 	}
 	out, err = run(t, "--iface lo --datapath xdp --socket "+filepath.Join(t.TempDir(), "s")).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "not yet available") {
-		t.Fatalf("xdp: %v %s", err, out)
+	if err == nil || !strings.Contains(string(out), "lo has no Ethernet address") {
+		t.Fatalf("xdp on lo: %v %s", err, out)
+	}
+	out, err = run(t, "--iface lo --datapath xdp --xdp-mode fast --socket "+filepath.Join(t.TempDir(), "s")).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), `unknown XDP mode "fast"`) {
+		t.Fatalf("bad --xdp-mode: %v %s", err, out)
 	}
 }
 

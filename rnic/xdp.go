@@ -1,0 +1,531 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xdpnet"
+)
+
+// XDPOptions configure a device on the accelerated datapath: softrnic's
+// TCP engine on AF_XDP sockets, one poller per receive queue, with the XDP
+// steering program sending it the RNIC's flows.
+type XDPOptions struct {
+	// Interface and Addr: the interface served and its IPv4 address.
+	Interface string
+	Addr      netip.Addr
+	// Mode of the XDP program: auto (native where the driver has it),
+	// native or generic.
+	Mode bpf.Mode
+	// Pollers is the number of pollers, each owning one receive queue
+	// (queue i for poller i); 0 means one per receive queue of the
+	// interface, at most one per CPU.
+	Pollers int
+	// Pin pins poller i to CPU i modulo the number of CPUs.
+	Pin bool
+	// TCP configures every poller's Stack.
+	TCP tcp.Options
+}
+
+// xdpPath is the accelerated datapath of a device.
+type xdpPath struct {
+	steering *bpf.Steering
+	pollers  []*xdpnet.Poller
+	cancel   context.CancelFunc
+	runs     sync.WaitGroup
+	addr     netip.Addr
+	// failed is the first error a poller's loop stopped with.
+	failed atomic.Pointer[error]
+}
+
+// RXQueues is the number of receive queues of an interface, 1 if unknown.
+func RXQueues(ifname string) int {
+	m, err := filepath.Glob(filepath.Join("/sys/class/net", ifname, "queues", "rx-*"))
+	if err != nil || len(m) == 0 {
+		return 1
+	}
+	return len(m)
+}
+
+// OpenXDP returns a device whose QPs run on the accelerated datapath.
+// Call it on a thread in the interface's network namespace. It attaches
+// the steering program, opens one AF_XDP socket per poller and starts the
+// pollers; Close stops them and detaches the program.
+func OpenXDP(o XDPOptions) (_ *Device, err error) {
+	queues := RXQueues(o.Interface)
+	if o.Pollers <= 0 {
+		o.Pollers = min(queues, runtime.NumCPU())
+	}
+	if o.Pollers > queues {
+		return nil, fmt.Errorf("rnic: %d pollers but %s has %d receive queues: %w", o.Pollers, o.Interface, queues, ErrInvalidParam)
+	}
+	x := &xdpPath{addr: o.Addr}
+	defer func() {
+		if err != nil {
+			x.close()
+		}
+	}()
+	// The interface checks (address, MTU, native XDP limits) come first,
+	// with the messages xdpnet gives; then the program is attached once
+	// and shared.
+	if _, err := xdpnet.Check(xdpnet.Config{Interface: o.Interface, Addr: o.Addr, Mode: o.Mode, TCP: o.TCP}); err != nil {
+		return nil, err
+	}
+	x.steering, err = bpf.Attach(bpf.Options{Interface: o.Interface, Mode: o.Mode})
+	if err != nil {
+		return nil, err
+	}
+	for i := range o.Pollers {
+		p, err := xdpnet.NewPoller(xdpnet.Config{Interface: o.Interface, Queue: i, Addr: o.Addr, Steering: x.steering,
+			TCP: o.TCP, Pin: o.Pin, CPU: i % runtime.NumCPU()})
+		if err != nil {
+			return nil, err
+		}
+		x.pollers = append(x.pollers, p)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	x.cancel = cancel
+	for _, p := range x.pollers {
+		x.runs.Add(1)
+		go func() {
+			defer x.runs.Done()
+			if err := p.Run(ctx); err != nil {
+				x.failed.CompareAndSwap(nil, &err)
+			}
+		}()
+	}
+	d := Open()
+	d.xdp = x
+	return d, nil
+}
+
+func (x *xdpPath) close() {
+	if x.cancel != nil {
+		x.cancel()
+		x.runs.Wait()
+	}
+	for _, p := range x.pollers {
+		_ = p.Close()
+	}
+	if x.steering != nil {
+		_ = x.steering.Close()
+	}
+}
+
+// poller is the poller of a completion vector.
+func (x *xdpPath) poller(vector int) *xdpnet.Poller {
+	return x.pollers[vector%len(x.pollers)]
+}
+
+// Pollers returns the accelerated datapath's pollers, nil on the kernel
+// datapath.
+func (d *Device) Pollers() []*xdpnet.Poller {
+	if d.xdp == nil {
+		return nil
+	}
+	return d.xdp.pollers
+}
+
+// Steering returns the steering program of the accelerated datapath, nil on
+// the kernel datapath.
+func (d *Device) Steering() *bpf.Steering {
+	if d.xdp == nil {
+		return nil
+	}
+	return d.xdp.steering
+}
+
+// Err reports why the datapath stopped, if it did.
+func (d *Device) Err() error {
+	if d.xdp == nil {
+		return nil
+	}
+	if e := d.xdp.failed.Load(); e != nil {
+		return *e
+	}
+	return nil
+}
+
+// engineConn is a QP's connection on the accelerated datapath: the
+// tcp.Handler and tcp.Filler of the TCP connection, called on the poller
+// that owns it, with the QP's mutex held around the engines (the consumer
+// posts work from other goroutines under the same mutex).
+type engineConn struct {
+	p   *xdpnet.Poller
+	llp *EngineLLP
+	// q is the device QP; nil while a passive connection waits for
+	// the consumer.
+	q *QP
+	// conn is the TCP connection, set on the loop.
+	conn *tcp.Conn
+	// queued: a kick is queued on the poller.
+	queued atomic.Bool
+	// result receives the outcome of an active open, once.
+	result chan error
+	// req is the passive connection's request while it waits.
+	req *ConnRequest
+	l   *Listener
+	id  tcp.FourTuple
+	// dead: the QP let go of the connection (Reset, Destroy); its
+	// callbacks do nothing more. Loop-owned.
+	dead bool
+}
+
+// discard is the Handler of a connection whose QP let go of it.
+type discard struct{}
+
+func (discard) Receive(c *tcp.Conn, b []byte) int { return len(b) }
+func (discard) Event(*tcp.Conn, tcp.Event)        {}
+
+// detach lets go of the connection on the loop, resetting it first if
+// abort; after it the QP may be reset and reused.
+func (ec *engineConn) detach(abort bool) {
+	_ = ec.p.Do(func(*tcp.Stack, tcp.Time) {
+		ec.dead = true
+		if c := ec.conn; c != nil {
+			if abort {
+				c.Abort()
+			}
+			c.SetHandler(discard{})
+		}
+	})
+}
+
+func (ec *engineConn) lock() {
+	if ec.q != nil {
+		ec.q.mu.Lock()
+	}
+}
+
+func (ec *engineConn) unlock() {
+	if ec.q != nil {
+		ec.q.mu.Unlock()
+	}
+}
+
+func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
+	if ec.dead {
+		return len(b)
+	}
+	ec.conn = c
+	ec.lock()
+	n := ec.llp.Receive(c, b)
+	if ec.q != nil && ec.llp.Ready() {
+		ec.q.heard.Store(true)
+	}
+	ec.unlock()
+	return n
+}
+
+func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
+	if ec.dead {
+		return 0
+	}
+	ec.conn = c
+	ec.lock()
+	n := ec.llp.Fill(c, dst)
+	if ec.q != nil {
+		ec.q.sentTot = ec.llp.sent
+	}
+	ec.unlock()
+	return n
+}
+
+func (ec *engineConn) Event(c *tcp.Conn, ev tcp.Event) {
+	if ec.dead {
+		return
+	}
+	ec.conn = c
+	ec.lock()
+	ec.llp.Event(c, ev)
+	ec.unlock()
+	if ev != tcp.EventClosed {
+		return
+	}
+	if ec.result != nil && !ec.llp.Ready() {
+		err := ec.llp.Err
+		switch {
+		case ec.llp.Rejected != nil:
+			err = &RejectedError{PrivateData: ec.llp.Rejected}
+		case err == nil && c.Err() != nil:
+			err = fmt.Errorf("%w: %v", ErrUnreachable, c.Err())
+		case err == nil:
+			err = fmt.Errorf("%w: connection closed during MPA startup", ErrUnreachable)
+		}
+		ec.report(err)
+	}
+	if ec.req != nil {
+		// The peer left while the consumer decided: the answer fails.
+		ec.req.gone.Store(true)
+	}
+}
+
+// report delivers an active open's outcome.
+func (ec *engineConn) report(err error) {
+	select {
+	case ec.result <- err:
+	default:
+	}
+}
+
+// kick asks the poller to serve the connection after the consumer posted
+// work or disconnected: at most one kick is queued at a time.
+func (ec *engineConn) kick() {
+	if ec.queued.Swap(true) {
+		return
+	}
+	ec.p.Async(ec.serve)
+}
+
+// serve runs on the loop: an abortive disconnect resets the connection,
+// anything else lets the TCP engine pull FPDUs.
+func (ec *engineConn) serve() {
+	ec.queued.Store(false)
+	c := ec.conn
+	if c == nil || ec.q == nil || ec.dead {
+		return
+	}
+	ec.q.mu.Lock()
+	abort := ec.q.abort
+	ec.q.mu.Unlock()
+	if abort {
+		c.Abort()
+		return
+	}
+	c.Kick()
+}
+
+// connectEngine is Connect on the accelerated datapath: the TCP engine of
+// the QP's poller opens the connection and MPA startup runs in its
+// callbacks.
+func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
+	x := q.dev.xdp
+	ap, err := netip.ParseAddrPort(raddr)
+	if err != nil || !ap.Addr().Is4() {
+		return nil, fmt.Errorf("connect %s: want IPv4 host:port: %w", raddr, ErrInvalidParam)
+	}
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultMPATimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg := q.mpaConfig(opts.PrivateData)
+	if _, err := cfg.Request(); err != nil {
+		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
+	}
+	p := x.poller(q.Vector())
+	ec := &engineConn{p: p, q: q, result: make(chan error, 1)}
+	ec.llp = NewEngineLLP(q.eng, cfg, true)
+	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
+	q.mu.Lock()
+	if q.ec != nil || q.conn != nil {
+		q.mu.Unlock()
+		return nil, ErrState
+	}
+	q.ec = ec
+	q.mu.Unlock()
+	fail := func(err error) ([]byte, error) {
+		q.mu.Lock()
+		q.ec = nil
+		q.mu.Unlock()
+		return nil, err
+	}
+	c, err := p.Connect(ap, ec, timeout)
+	if err != nil {
+		if errors.Is(err, xdpnet.ErrNoNeighbour) {
+			return fail(fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err))
+		}
+		return fail(fmt.Errorf("connect %s: %w", raddr, err))
+	}
+	select {
+	case err = <-ec.result:
+	case <-ctx.Done():
+		_ = p.Do(func(*tcp.Stack, tcp.Time) { c.Abort() })
+		err = fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
+		select {
+		case e := <-ec.result:
+			if e == nil {
+				err = nil // it made it after all; the abort ends it
+			}
+		default:
+		}
+		if err == nil {
+			err = fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
+		}
+	}
+	if err != nil {
+		var rej *RejectedError
+		if errors.As(err, &rej) || errors.Is(err, ErrTimedOut) {
+			return fail(err)
+		}
+		return fail(fmt.Errorf("connect %s: %w", raddr, err))
+	}
+	ec.id = c.ID()
+	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
+	pd := clone(ec.llp.Params.PeerPrivateData)
+	q.mu.Lock()
+	q.post(ConnEvent{Kind: Established, PrivateData: pd})
+	q.mu.Unlock()
+	return pd, nil
+}
+
+// listenEngine is Listen on the accelerated datapath: the first poller
+// listens (the others will hand it SYNs that reach their queues).
+func (d *Device) listenEngine(addr string, opts ListenOptions) (*Listener, error) {
+	x := d.xdp
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w: %v", addr, ErrInvalidParam, err)
+	}
+	port, err := strconv.ParseUint(portStr, 10, 16)
+	if err != nil || port == 0 {
+		return nil, fmt.Errorf("listen %s: %w: port", addr, ErrInvalidParam)
+	}
+	if host != "" {
+		if a, err := netip.ParseAddr(host); err != nil || (a != x.addr && !a.IsUnspecified()) {
+			return nil, fmt.Errorf("listen %s: %w: the RNIC's address is %v", addr, ErrInvalidParam, x.addr)
+		}
+	}
+	l := &Listener{dev: d, opts: opts, reqs: make(chan *ConnRequest, opts.Backlog), done: make(chan struct{}),
+		port: uint16(port), p: x.pollers[0]}
+	l.addr = &net.TCPAddr{IP: x.addr.AsSlice(), Port: int(port)}
+	el := &engineListener{l: l}
+	if l.tl, err = l.p.Listen(uint16(port), el); err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	return l, nil
+}
+
+// engineListener is the Handler the TCP engine gives new passive
+// connections; at establishment each gets an engineConn of its own.
+type engineListener struct{ l *Listener }
+
+func (el *engineListener) Receive(c *tcp.Conn, b []byte) int { return len(b) }
+
+func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
+	if ev != tcp.EventEstablished {
+		return
+	}
+	l := el.l
+	for l.tl.Accept() != nil {
+	}
+	ec := &engineConn{p: l.p, conn: c, l: l, id: c.ID()}
+	ec.llp = NewEngineLLP(nil, mpa.Config{}, false)
+	ec.llp.OnRequest = func(_ *EngineLLP, f *mpa.Frame) { l.engineRequest(ec, f) }
+	c.SetHandler(ec)
+	// The Request must come within RequestTimeout.
+	time.AfterFunc(l.opts.RequestTimeout, func() {
+		l.p.Async(func() {
+			if ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready() {
+				c.Abort()
+			}
+		})
+	})
+}
+
+// engineRequest runs on the loop with a passive connection's MPA Request:
+// it is queued for Accept like the kernel datapath's.
+func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
+	id := ec.id
+	cr := &ConnRequest{l: l, ec: ec, PrivateData: clone(f.PrivateData),
+		RemoteAddr: &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)},
+		LocalAddr:  &net.TCPAddr{IP: id.LocalAddr.AsSlice(), Port: int(id.LocalPort)}}
+	ec.req = cr
+	cr.mu.Lock()
+	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+	cr.mu.Unlock()
+	select {
+	case <-l.done:
+		ec.llp.Reject(nil)
+		cr.answer()
+		return
+	default:
+	}
+	select {
+	case l.reqs <- cr:
+	default:
+		ec.llp.Reject(nil) // backlog full
+		cr.answer()
+	}
+}
+
+// acceptEngine connects q to a passive connection of the accelerated
+// datapath. The connection stays on the poller whose queue it came in on.
+func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
+	ec := cr.ec
+	if q.dev != cr.l.dev {
+		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
+	}
+	q.mu.Lock()
+	if q.ec != nil || q.eng.Ended() {
+		q.mu.Unlock()
+		return ErrState
+	}
+	q.ec = ec
+	q.mu.Unlock()
+	if !cr.answer() {
+		q.mu.Lock()
+		q.ec = nil
+		q.mu.Unlock()
+		return ErrAnswered
+	}
+	cfg := q.mpaConfig(private)
+	var err error
+	if derr := ec.p.Do(func(*tcp.Stack, tcp.Time) {
+		if cr.gone.Load() || ec.conn == nil {
+			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
+			return
+		}
+		q.mu.Lock()
+		ec.q = q
+		if err = ec.llp.Accept(q.eng, cfg); err != nil {
+			ec.q = nil
+		}
+		q.mu.Unlock()
+	}); derr != nil {
+		err = derr
+	}
+	if err != nil {
+		q.mu.Lock()
+		q.ec = nil
+		q.mu.Unlock()
+		return fmt.Errorf("accept: %w", err)
+	}
+	q.mu.Lock()
+	q.post(ConnEvent{Kind: Established, PrivateData: cr.PrivateData})
+	q.mu.Unlock()
+	return nil
+}
+
+// rejectEngine refuses a passive connection of the accelerated datapath.
+func (cr *ConnRequest) rejectEngine(private []byte) error {
+	ec := cr.ec
+	pd := clone(private)
+	ec.p.Async(func() { ec.llp.Reject(pd) })
+	return nil
+}
+
+// closeEngine stops an accelerated-datapath listener.
+func (l *Listener) closeEngine() {
+	_ = l.p.CloseListener(l.port)
+}
+
+// addrs are an engine connection's local and remote addresses.
+func (ec *engineConn) addrs() (string, string) {
+	id := ec.id
+	return netip.AddrPortFrom(id.LocalAddr, id.LocalPort).String(), netip.AddrPortFrom(id.RemoteAddr, id.RemotePort).String()
+}
