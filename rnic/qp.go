@@ -84,14 +84,17 @@ type QP struct {
 	attr QPAttr
 	qpn  uint32
 
-	mu      sync.Mutex
-	eng     *qp.QP
-	conn    *net.TCPConn
-	ec      *engineConn // the connection on the accelerated datapath
-	sentTot uint64
-	abort   bool
-	finSent bool
-	heard   atomic.Bool // the receive loop has read something
+	mu   sync.Mutex
+	eng  *qp.QP
+	conn *net.TCPConn
+	ec   *engineConn // the connection on the accelerated datapath
+	// cpuCalls and cpuOff: engine calls counted by noteCPU, and those
+	// off the poller's CPU (with cpuCheck on).
+	cpuCalls, cpuOff int
+	sentTot          uint64
+	abort            bool
+	finSent          bool
+	heard            atomic.Bool // the receive loop has read something
 	// writing is set while the transmit loop has FPDUs in conn.Write that
 	// the engine has not yet been told were sent; wrote is signalled when
 	// it clears. See llpClosed.

@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/ddp"
@@ -51,21 +53,12 @@ type xdpPath struct {
 	failed atomic.Pointer[error]
 }
 
-// RXQueues is the number of receive queues of an interface, 1 if unknown.
-func RXQueues(ifname string) int {
-	m, err := filepath.Glob(filepath.Join("/sys/class/net", ifname, "queues", "rx-*"))
-	if err != nil || len(m) == 0 {
-		return 1
-	}
-	return len(m)
-}
-
 // OpenXDP returns a device whose QPs run on the accelerated datapath.
 // Call it on a thread in the interface's network namespace. It attaches
 // the steering program, opens one AF_XDP socket per poller and starts the
 // pollers; Close stops them and detaches the program.
 func OpenXDP(o XDPOptions) (_ *Device, err error) {
-	queues := RXQueues(o.Interface)
+	queues := xdpnet.RXQueues(o.Interface)
 	if o.Pollers <= 0 {
 		o.Pollers = min(queues, runtime.NumCPU())
 	}
@@ -73,6 +66,7 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 		return nil, fmt.Errorf("rnic: %d pollers but %s has %d receive queues: %w", o.Pollers, o.Interface, queues, ErrInvalidParam)
 	}
 	x := &xdpPath{addr: o.Addr}
+	group := xdpnet.NewGroup()
 	defer func() {
 		if err != nil {
 			x.close()
@@ -90,7 +84,7 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	}
 	for i := range o.Pollers {
 		p, err := xdpnet.NewPoller(xdpnet.Config{Interface: o.Interface, Queue: i, Addr: o.Addr, Steering: x.steering,
-			TCP: o.TCP, Pin: o.Pin, CPU: i % runtime.NumCPU()})
+			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: i % runtime.NumCPU()})
 		if err != nil {
 			return nil, err
 		}
@@ -164,7 +158,9 @@ func (d *Device) Err() error {
 // that owns it, with the QP's mutex held around the engines (the consumer
 // posts work from other goroutines under the same mutex).
 type engineConn struct {
-	p   *xdpnet.Poller
+	// pl is the poller that owns the connection; it changes once, when
+	// Accept moves a passive connection to its QP's poller.
+	pl  atomic.Pointer[xdpnet.Poller]
 	llp *EngineLLP
 	// q is the device QP; nil while a passive connection waits for
 	// the consumer.
@@ -184,6 +180,25 @@ type engineConn struct {
 	dead bool
 }
 
+func (ec *engineConn) poller() *xdpnet.Poller { return ec.pl.Load() }
+
+// cpuCheck makes the engine callbacks of QPs count the calls that ran off
+// their poller's CPU (tests of seed 004's rule; a getcpu per call).
+var cpuCheck atomic.Bool
+
+// noteCPU runs on the loop with q.mu held.
+func (ec *engineConn) noteCPU() {
+	if !cpuCheck.Load() || ec.q == nil {
+		return
+	}
+	var cpu uint32
+	_, _, _ = unix.RawSyscall(unix.SYS_GETCPU, uintptr(unsafe.Pointer(&cpu)), 0, 0)
+	ec.q.cpuCalls++
+	if want := ec.poller().CPU(); want >= 0 && int(cpu) != want {
+		ec.q.cpuOff++
+	}
+}
+
 // discard is the Handler of a connection whose QP let go of it.
 type discard struct{}
 
@@ -193,7 +208,7 @@ func (discard) Event(*tcp.Conn, tcp.Event)        {}
 // detach lets go of the connection on the loop, resetting it first if
 // abort; after it the QP may be reset and reused.
 func (ec *engineConn) detach(abort bool) {
-	_ = ec.p.Do(func(*tcp.Stack, tcp.Time) {
+	_ = ec.poller().Do(func(*tcp.Stack, tcp.Time) {
 		ec.dead = true
 		if c := ec.conn; c != nil {
 			if abort {
@@ -222,6 +237,7 @@ func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
 	}
 	ec.conn = c
 	ec.lock()
+	ec.noteCPU()
 	n := ec.llp.Receive(c, b)
 	if ec.q != nil && ec.llp.Ready() {
 		ec.q.heard.Store(true)
@@ -236,6 +252,7 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 	}
 	ec.conn = c
 	ec.lock()
+	ec.noteCPU()
 	n := ec.llp.Fill(c, dst)
 	if ec.q != nil {
 		ec.q.sentTot = ec.llp.sent
@@ -287,7 +304,7 @@ func (ec *engineConn) kick() {
 	if ec.queued.Swap(true) {
 		return
 	}
-	ec.p.Async(ec.serve)
+	ec.poller().Async(ec.serve)
 }
 
 // serve runs on the loop: an abortive disconnect resets the connection,
@@ -299,6 +316,7 @@ func (ec *engineConn) serve() {
 		return
 	}
 	ec.q.mu.Lock()
+	ec.noteCPU()
 	abort := ec.q.abort
 	ec.q.mu.Unlock()
 	if abort {
@@ -328,7 +346,8 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
 	}
 	p := x.poller(q.Vector())
-	ec := &engineConn{p: p, q: q, result: make(chan error, 1)}
+	ec := &engineConn{q: q, result: make(chan error, 1)}
+	ec.pl.Store(p)
 	ec.llp = NewEngineLLP(q.eng, cfg, true)
 	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
 	q.mu.Lock()
@@ -423,7 +442,8 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 	l := el.l
 	for l.tl.Accept() != nil {
 	}
-	ec := &engineConn{p: l.p, conn: c, l: l, id: c.ID()}
+	ec := &engineConn{conn: c, l: l, id: c.ID()}
+	ec.pl.Store(l.p)
 	ec.llp = NewEngineLLP(nil, mpa.Config{}, false)
 	ec.llp.OnRequest = func(_ *EngineLLP, f *mpa.Frame) { l.engineRequest(ec, f) }
 	c.SetHandler(ec)
@@ -485,7 +505,7 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	}
 	cfg := q.mpaConfig(private)
 	var err error
-	if derr := ec.p.Do(func(*tcp.Stack, tcp.Time) {
+	accept := func(c *tcp.Conn) {
 		if cr.gone.Load() || ec.conn == nil {
 			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
 			return
@@ -496,8 +516,19 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 			ec.q = nil
 		}
 		q.mu.Unlock()
+	}
+	// Seed 004: the QP runs on its CQ's poller, so the connection moves
+	// there from the poller that listened (with a single poller, or a
+	// QP of the listener's vector, it stays).
+	from, to := ec.poller(), q.dev.xdp.poller(q.Vector())
+	if derr := from.Move(ec.id, to, func(c *tcp.Conn) {
+		ec.pl.Store(to)
+		accept(c)
 	}); derr != nil {
 		err = derr
+		if errors.Is(derr, xdpnet.ErrGone) {
+			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
+		}
 	}
 	if err != nil {
 		q.mu.Lock()
@@ -515,7 +546,7 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 func (cr *ConnRequest) rejectEngine(private []byte) error {
 	ec := cr.ec
 	pd := clone(private)
-	ec.p.Async(func() { ec.llp.Reject(pd) })
+	ec.poller().Async(func() { ec.llp.Reject(pd) })
 	return nil
 }
 

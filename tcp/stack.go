@@ -533,3 +533,50 @@ func (h *timerHeap) Pop() any {
 	c.heapIdx = -1
 	return c
 }
+
+// Detach takes an established connection out of s so that another Stack
+// can Adopt it: a poller hands a connection to the poller of the QP that
+// takes it. Stacks that exchange connections must share one clock (their
+// Times are compared across the move). It fails for a connection of
+// another stack or one still waiting in a listener's accept queue.
+func (s *Stack) Detach(c *Conn) error {
+	if c.stack != s || c.released || s.conns[c.id] != c {
+		return errors.New("tcp: detach: not a connection of this stack")
+	}
+	if c.listener != nil {
+		return errors.New("tcp: detach: connection not yet accepted")
+	}
+	delete(s.conns, c.id)
+	if c.heapIdx >= 0 {
+		heap.Remove(&s.timers, c.heapIdx)
+	}
+	if c.needsOutput {
+		for i := s.outHead; i < len(s.outq); i++ {
+			if s.outq[i] == c {
+				s.outq = append(s.outq[:i], s.outq[i+1:]...)
+				break
+			}
+		}
+	}
+	c.stack = nil
+	return nil
+}
+
+// Adopt makes a connection another Stack detached one of s's, with its
+// timers and any output it was waiting to send.
+func (s *Stack) Adopt(c *Conn) error {
+	if c.stack != nil {
+		return errors.New("tcp: adopt: connection not detached")
+	}
+	if s.conns[c.id] != nil {
+		return ErrPortInUse
+	}
+	c.stack = s
+	s.conns[c.id] = c
+	c.timerAt = 0
+	s.timerChanged(c)
+	if c.needsOutput {
+		s.pushOutput(c)
+	}
+	return nil
+}

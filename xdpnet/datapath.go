@@ -21,7 +21,7 @@ func (p *Poller) receive() bool {
 	u := p.umem
 	for i := uint32(0); i < n; i++ {
 		d := rx.Get(idx + i)
-		p.input(now, u.Packet(d))
+		p.inputFrame(now, u.Packet(d), false)
 		p.rxFree.Free(d.Addr)
 	}
 	rx.Release(n)
@@ -41,10 +41,12 @@ func (p *Poller) refill() {
 	}
 }
 
-// input checks one frame's Ethernet and IPv4 headers and gives its TCP
-// segment to the Stack, registering the flow of a SYN to a listened port
-// first so that the rest of the handshake is steered too.
-func (p *Poller) input(now tcp.Time, pkt []byte) {
+// inputFrame checks one frame's Ethernet and IPv4 headers and gives its
+// TCP segment to the Stack, registering the flow of a SYN to a listened
+// port first so that the rest of the handshake is steered too. In a Group,
+// a segment of a flow another poller owns is handed to it instead (handed:
+// the frame came that way, and is not passed on again).
+func (p *Poller) inputFrame(now tcp.Time, pkt []byte, handed bool) {
 	eth := header.Ethernet(pkt)
 	if !eth.IsValid() || eth.Type() != header.EtherTypeIPv4 {
 		p.stats.RXNotIPv4++
@@ -64,16 +66,26 @@ func (p *Poller) input(now tcp.Time, pkt []byte) {
 		return
 	}
 	seg := ip.Payload()
-	if len(p.listens) > 0 {
-		t := header.TCP(seg)
-		if t.IsValid(len(seg)) && t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN {
-			if l := p.listens[t.DstPort()]; l != nil {
-				p.addPassiveFlow(now, tcp.FourTuple{
-					LocalAddr: ip.Dst(), RemoteAddr: ip.Src(),
-					LocalPort: t.DstPort(), RemotePort: t.SrcPort(),
-				})
-			}
+	t := header.TCP(seg)
+	if !t.IsValid(len(seg)) {
+		p.stack.Input(now, ip.Src(), ip.Dst(), seg) // counted there
+		return
+	}
+	syn := t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN
+	id := tcp.FourTuple{LocalAddr: ip.Dst(), RemoteAddr: ip.Src(), LocalPort: t.DstPort(), RemotePort: t.SrcPort()}
+	if g := p.cfg.Group; g != nil && p.stack.Lookup(id) == nil && (!syn || p.listens[id.LocalPort] == nil) {
+		owner, drop := g.route(id, syn)
+		switch {
+		case drop:
+			p.stats.MovingDrops++
+			return
+		case owner != nil && owner != p && !handed:
+			p.handTo(owner, pkt)
+			return
 		}
+	}
+	if syn && len(p.listens) > 0 && p.listens[id.LocalPort] != nil {
+		p.addPassiveFlow(now, id)
 	}
 	p.stack.Input(now, ip.Src(), ip.Dst(), seg)
 }

@@ -74,6 +74,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -123,6 +124,9 @@ type Config struct {
 	// Pin, with CPU, pins the loop's OS thread to that CPU.
 	Pin bool
 	CPU int
+	// Group, when not nil, is the group of pollers of the interface this
+	// one joins (see Group).
+	Group *Group
 }
 
 const (
@@ -156,6 +160,10 @@ type Stats struct {
 	TXFrames, TXNoNeighbour, Kicks uint64
 	// FlowErrors: flow map updates that failed.
 	FlowErrors uint64
+	// HandedOff: frames passed to the poller that owns their flow;
+	// HandoffDrops: dropped because its ring was full; MovingDrops:
+	// dropped while their connection moved between pollers.
+	HandedOff, HandoffDrops, MovingDrops uint64
 	// Sleeps: times the loop slept in ppoll; Wakeups by eventfd.
 	Sleeps, Wakeups uint64
 	// Flows and Listens currently registered with the steering program.
@@ -187,13 +195,17 @@ type Poller struct {
 	async      []func() // Async functions waiting for the loop
 	asyncSpare []func() // the loop's: the slice runAsync last emptied
 	sleeping   atomic.Bool
-	quit       chan struct{} // closed when Run ends or Close runs
-	quitOnce   sync.Once
-	stopReq    atomic.Bool // Run returns at its next turn
-	closed     atomic.Bool
-	mu         sync.Mutex // guards running against Close
-	running    bool
-	stopped    chan struct{} // closed when Run returns
+	// in and out are the handoff rings from and to the other pollers of
+	// the Group, made before any runs.
+	in       []*handoff
+	out      map[*Poller]*handoff
+	quit     chan struct{} // closed when Run ends or Close runs
+	quitOnce sync.Once
+	stopReq  atomic.Bool // Run returns at its next turn
+	closed   atomic.Bool
+	mu       sync.Mutex // guards running against Close
+	running  bool
+	stopped  chan struct{} // closed when Run returns
 
 	// Owned by the loop.
 	stack       *tcp.Stack
@@ -295,6 +307,10 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	p.txFree = xsk.NewFreeList(frameSize, half, half)
 	p.sock.Fill().Refill(p.rxFree, ring)
 
+	if cfg.Group != nil {
+		p.start = cfg.Group.start
+		cfg.Group.join(p)
+	}
 	p.steering = cfg.Steering
 	if p.steering == nil {
 		p.steering, err = bpf.Attach(bpf.Options{Interface: cfg.Interface, Mode: cfg.Mode})
@@ -379,6 +395,14 @@ func driverName(ifname string) string {
 	return unix.ByteSliceToString(info.Driver[:])
 }
 
+// CPU is the CPU the loop is pinned to, -1 when not pinned.
+func (p *Poller) CPU() int {
+	if !p.cfg.Pin {
+		return -1
+	}
+	return p.cfg.CPU
+}
+
 // Steering returns the steering program the Poller uses.
 func (p *Poller) Steering() *bpf.Steering { return p.steering }
 
@@ -415,7 +439,9 @@ func (p *Poller) Run(ctx context.Context) error {
 	}
 	stop := context.AfterFunc(ctx, p.requestStop)
 	defer stop()
-	p.start = time.Now()
+	if p.cfg.Group == nil {
+		p.start = time.Now()
+	}
 	lastWork := p.now()
 	spin := tcp.Time(p.cfg.Spin)
 	for {
@@ -469,6 +495,9 @@ func (p *Poller) turn() (bool, error) {
 		work = true
 	}
 	now := p.now()
+	if len(p.in) > 0 && p.receiveHandoffs(now) {
+		work = true
+	}
 	p.stack.Advance(now)
 	sent, err := p.transmit(now)
 	if err != nil {
@@ -677,4 +706,30 @@ func (p *Poller) release() error {
 		return fmt.Errorf("xdpnet: close: %w", err)
 	}
 	return nil
+}
+
+// RXQueues is the number of receive queues of an interface in the calling
+// thread's network namespace (ETHTOOL_GCHANNELS: the rx or combined
+// channels), 1 when the driver does not say.
+func RXQueues(ifname string) int {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return 1
+	}
+	defer unix.Close(fd)
+	// struct ethtool_channels: cmd, then max and current rx, tx, other,
+	// combined counts.
+	var ch [9]uint32
+	ch[0] = unix.ETHTOOL_GCHANNELS
+	var ifr struct {
+		name [unix.IFNAMSIZ]byte
+		data uintptr
+		_    [16]byte
+	}
+	copy(ifr.name[:], ifname)
+	ifr.data = uintptr(unsafe.Pointer(&ch))
+	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
+		return 1
+	}
+	return max(int(ch[5]), int(ch[8]), 1)
 }

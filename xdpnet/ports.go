@@ -97,6 +97,9 @@ func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
 	}
 	p.listens[port] = &listen{l: l, reserve: fd}
+	if g := p.cfg.Group; g != nil {
+		g.setListen(port, p)
+	}
 	return l, nil
 }
 
@@ -117,6 +120,9 @@ func (p *Poller) closeListener(port uint16) error {
 		return fmt.Errorf("xdpnet: close listener %d: not listening", port)
 	}
 	delete(p.listens, port)
+	if g := p.cfg.Group; g != nil {
+		g.setListen(port, nil)
+	}
 	err := p.steering.RemoveListen(port)
 	ls.l.Close()
 	// Passive connections still open keep their flows, steered by their
@@ -173,6 +179,9 @@ func (p *Poller) connect(now tcp.Time, remote netip.AddrPort, h tcp.Handler) (*t
 		return nil, fmt.Errorf("xdpnet: connect to %v: %w", remote, err)
 	}
 	p.flows[id] = &flow{added: now, reserve: fd}
+	if g := p.cfg.Group; g != nil {
+		g.setOwner(id, p)
+	}
 	return c, nil
 }
 
@@ -188,6 +197,9 @@ func (p *Poller) addPassiveFlow(now tcp.Time, id tcp.FourTuple) {
 		return
 	}
 	p.flows[id] = &flow{added: now, reserve: -1}
+	if g := p.cfg.Group; g != nil {
+		g.setOwner(id, p)
+	}
 }
 
 // sweep removes the flows whose connections have left the Stack.
@@ -208,6 +220,9 @@ func (p *Poller) sweep(now tcp.Time) {
 
 func (p *Poller) removeFlow(id tcp.FourTuple, f *flow) {
 	delete(p.flows, id)
+	if g := p.cfg.Group; g != nil {
+		g.clearOwner(id, p)
+	}
 	if err := p.steering.RemoveFlow(bpfFlow(id)); err != nil {
 		p.stats.FlowErrors++
 	}
