@@ -48,7 +48,10 @@ type Options struct {
 	// XDPMode is the XDP attach mode on the xdp datapath: "auto" (the
 	// default: native where the driver has it), "native" or "generic".
 	XDPMode string
-	Logger  *slog.Logger
+	// CPUs the xdp pollers are pinned to, in turn (default: poller i on
+	// CPU i).
+	CPUs   []int
+	Logger *slog.Logger
 }
 
 // shutdownGrace bounds the graceful close of connections at Close.
@@ -113,7 +116,7 @@ func New(opts Options) (*Server, error) {
 	}
 	var dev *rnic.Device
 	if opts.Datapath == "xdp" {
-		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true})
+		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true, CPUs: opts.CPUs})
 		if err != nil {
 			return nil, fmt.Errorf("%w: xdp: %v", ErrDatapath, err)
 		}

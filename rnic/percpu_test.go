@@ -13,6 +13,7 @@ import (
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/tcp"
 )
 
 // xdpSide is one host of the accelerated datapath in a test namespace.
@@ -147,6 +148,7 @@ func TestPerProcessorCompletions(t *testing.T) {
 	}
 	var handed, moving uint64
 	for _, p := range b.dev.Pollers() {
+		must(t, p.Do(func(*tcp.Stack, tcp.Time) {})) // publishes the counters
 		st := p.Stats()
 		handed += st.HandedOff
 		moving += st.MovingDrops

@@ -36,10 +36,15 @@ type XDPOptions struct {
 	// (queue i for poller i); 0 means one per receive queue of the
 	// interface, at most one per CPU.
 	Pollers int
-	// Pin pins poller i to CPU i modulo the number of CPUs.
-	Pin bool
+	// Pin pins poller i to CPUs[i mod len(CPUs)], or with no CPUs to
+	// CPU i modulo the number of CPUs.
+	Pin  bool
+	CPUs []int
 	// TCP configures every poller's Stack.
 	TCP tcp.Options
+	// Spin is how long a poller keeps polling after its last work
+	// (xdpnet's default when 0).
+	Spin time.Duration
 }
 
 // xdpPath is the accelerated datapath of a device.
@@ -82,9 +87,15 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	if err != nil {
 		return nil, err
 	}
+	cpu := func(i int) int {
+		if len(o.CPUs) > 0 {
+			return o.CPUs[i%len(o.CPUs)]
+		}
+		return i % runtime.NumCPU()
+	}
 	for i := range o.Pollers {
 		p, err := xdpnet.NewPoller(xdpnet.Config{Interface: o.Interface, Queue: i, Addr: o.Addr, Steering: x.steering,
-			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: i % runtime.NumCPU()})
+			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: cpu(i), Spin: o.Spin})
 		if err != nil {
 			return nil, err
 		}

@@ -436,3 +436,50 @@ func BenchmarkEngineReceive(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkEngineSend: the engine sends to a kernel TCP receiver over
+// AF_XDP (b.N MiB); the counterpart of BenchmarkEngineReceive.
+func BenchmarkEngineSend(b *testing.B) {
+	for _, mode := range []bpf.Mode{bpf.ModeGeneric, bpf.ModeNative} {
+		b.Run(mode.String(), func(b *testing.B) {
+			e := start(b, mode, tcp.Options{})
+			var ln *net.TCPListener
+			if err := e.tp.A.Do(func() error {
+				l, err := net.Listen("tcp4", netip.AddrPortFrom(e.tp.A.Addr.Addr(), kernelPort).String())
+				if err == nil {
+					ln = l.(*net.TCPListener)
+				}
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			defer ln.Close()
+			total := uint64(b.N) << 20
+			ep := newEndpoint(total)
+			ep.Endpoint.Seed = 0 // no pattern check at the kernel end
+			b.SetBytes(1 << 20)
+			b.ResetTimer()
+			if _, err := e.p.Connect(netip.AddrPortFrom(e.tp.A.Addr.Addr(), kernelPort), ep, 5*time.Second); err != nil {
+				b.Fatal(err)
+			}
+			conn, err := ln.AcceptTCP()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(time.Minute + time.Duration(b.N)*50*time.Millisecond))
+			n, err := io.Copy(io.Discard, conn)
+			if err != nil || uint64(n) != total {
+				b.Fatalf("kernel received %d of %d: %v", n, total, err)
+			}
+			b.StopTimer()
+			var st tcp.ConnStats
+			select {
+			case <-ep.done:
+				st = ep.stats
+			case <-time.After(10 * time.Second):
+			}
+			b.Logf("engine: %+v, poller %+v", st, e.p.Stats())
+		})
+	}
+}

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -85,14 +86,17 @@ type Latency struct {
 
 // Results is bench/results.json.
 type Results struct {
-	When         time.Time          `json:"when"`
-	MTU          int                `json:"mtu"`
-	CRC          bool               `json:"crc"`
-	Offloads     bool               `json:"offloads"`
-	IperfGbps    float64            `json:"iperf3_gbps"`
-	KernelTCP    []Point            `json:"kernel_tcp_stream"`
-	KernelTCPLat Latency            `json:"kernel_tcp_pingpong_1B"`
-	Datapaths    map[string]Softrnc `json:"softrnic"`
+	When         time.Time `json:"when"`
+	MTU          int       `json:"mtu"`
+	CRC          bool      `json:"crc"`
+	Offloads     bool      `json:"offloads"`
+	IperfGbps    float64   `json:"iperf3_gbps"`
+	KernelTCP    []Point   `json:"kernel_tcp_stream"`
+	KernelTCPLat Latency   `json:"kernel_tcp_pingpong_1B"`
+	// KernelTCPOffloads64K is the kernel TCP stream at 64 KiB writes
+	// on a second veth pair with TX checksum offload, TSO and GSO on.
+	KernelTCPOffloads64K float64            `json:"kernel_tcp_offloads_on_64KiB_gbps"`
+	Datapaths            map[string]Softrnc `json:"softrnic"`
 }
 
 // Softrnc holds one datapath's figures.
@@ -142,19 +146,25 @@ func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
 		return err
 	}
 
-	fmt.Println("== softrnic, kernel datapath")
-	k, err := b.softrnic()
-	if err != nil {
+	if res.KernelTCPOffloads64K, err = b.offloadsOn(mtu); err != nil {
 		return err
 	}
-	for _, pts := range [][]Point{k.Write, k.Read, k.Send} {
-		for i := range pts {
-			pts[i].Ratio = pts[i].Gbps / res.KernelTCP[i].Gbps
+
+	for _, dp := range []string{"kernel", "xdp"} {
+		fmt.Printf("== softrnic, %s datapath\n", dp)
+		k, err := b.softrnic(dp)
+		if err != nil {
+			return err
 		}
+		for _, pts := range [][]Point{k.Write, k.Read, k.Send} {
+			for i := range pts {
+				pts[i].Ratio = pts[i].Gbps / res.KernelTCP[i].Gbps
+			}
+		}
+		k.WriteLat.Ratio = k.WriteLat.Median / res.KernelTCPLat.Median
+		k.ReadLat.Ratio = k.ReadLat.Median / res.KernelTCPLat.Median
+		res.Datapaths[dp] = k
 	}
-	k.WriteLat.Ratio = k.WriteLat.Median / res.KernelTCPLat.Median
-	k.ReadLat.Ratio = k.ReadLat.Median / res.KernelTCPLat.Median
-	res.Datapaths["kernel"] = k
 
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
@@ -288,8 +298,27 @@ func (b *bench) tcpPingPong() (Latency, error) {
 	return l, nil
 }
 
-// softrnic runs softrnic-perf between daemons in the two namespaces.
-func (b *bench) softrnic() (Softrnc, error) {
+// offloadsOn measures the kernel TCP stream at 64 KiB on a veth pair of
+// its own with the offloads on: what the kernel gets from TSO and GSO.
+func (b *bench) offloadsOn(mtu int) (float64, error) {
+	pair, err := topology.New(topology.Options{Prefix: "srnbenchoff", MTU: mtu, Offloads: true})
+	if err != nil {
+		return 0, err
+	}
+	defer pair.Close()
+	ob := *b
+	ob.net = pair
+	p, err := ob.tcpStream(65536)
+	if err != nil {
+		return 0, err
+	}
+	fmt.Printf("   (offloads on) kernel TCP stream 65536 B: %.2f Gbit/s\n", p.Gbps)
+	return p.Gbps, nil
+}
+
+// softrnic runs softrnic-perf between daemons of the datapath in the two
+// namespaces.
+func (b *bench) softrnic(datapath string) (Softrnc, error) {
 	var k Softrnc
 	dir, err := os.MkdirTemp("", "softrnic-bench")
 	if err != nil {
@@ -304,11 +333,14 @@ func (b *bench) softrnic() (Softrnc, error) {
 		}
 	}()
 	sock := map[string]string{"a": filepath.Join(dir, "a.sock"), "b": filepath.Join(dir, "b.sock")}
-	for _, h := range []struct {
+	for i, h := range []struct {
 		host topology.Host
 		key  string
 	}{{b.net.A, "a"}, {b.net.B, "b"}} {
-		d := h.host.Command(filepath.Join(b.bin, "softrnicd"), "--iface", h.host.Link, "--socket", sock[h.key], "--log-level", "warn")
+		// The two hosts share this machine: each host's poller gets a
+		// CPU of its own, as it would on hosts of their own.
+		d := h.host.Command(filepath.Join(b.bin, "softrnicd"), "--iface", h.host.Link, "--socket", sock[h.key], "--log-level", "warn",
+			"--datapath", datapath, "--cpus", strconv.Itoa(i%runtime.NumCPU()))
 		d.Stderr = os.Stderr
 		if err := d.Start(); err != nil {
 			return k, err
@@ -420,15 +452,37 @@ func procCPU(pid int) float64 {
 }
 
 func table(r *Results) {
-	k := r.Datapaths["kernel"]
-	fmt.Printf("\n== results (MTU %d, CRC %v; ratios to kernel TCP in the same run)\n", r.MTU, r.CRC)
+	for _, dp := range []string{"kernel", "xdp"} {
+		tableOf(r, dp)
+	}
+	k, x := r.Datapaths["kernel"], r.Datapaths["xdp"]
+	const i64k = 5 // sizes[5] = 65536
+	fmt.Printf("\n== issue 7 targets (one run, same veth pair)\n")
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT met"
+	}
+	w := x.Write[i64k].Gbps / r.KernelTCP[i64k].Gbps
+	fmt.Printf("xdp Write 64 KiB / kernel TCP offloads off:  %.2fx (target >= 2x): %s\n", w, verdict(w >= 2))
+	fmt.Printf("xdp Write 64 KiB / kernel TCP offloads on:   %.2fx (on the way to 1x)\n", x.Write[i64k].Gbps/r.KernelTCPOffloads64K)
+	l := x.WriteLat.Median / r.KernelTCPLat.Median
+	fmt.Printf("xdp 8 B Write RTT / TCP 1-byte ping-pong:    %.2fx (target <= 0.5x): %s\n", l, verdict(l <= 0.5))
+	d := x.Write[i64k].Gbps / k.Write[i64k].Gbps
+	fmt.Printf("xdp / kernel datapath, Write 64 KiB:         %.2fx (target >= 1.5x): %s\n", d, verdict(d >= 1.5))
+}
+
+func tableOf(r *Results, dp string) {
+	k := r.Datapaths[dp]
+	fmt.Printf("\n== softrnic %s datapath (MTU %d, CRC %v; ratios to kernel TCP in the same run)\n", dp, r.MTU, r.CRC)
 	fmt.Printf("%-8s | %-16s | %-22s | %-22s | %-22s | %s\n", "size", "kernel TCP Gb/s", "Write Gb/s (ratio)", "Read Gb/s (ratio)", "Send Gb/s (ratio)", "CPU s/GB A/B (Write)")
 	for i, s := range sizes {
 		fmt.Printf("%-8d | %-16.2f | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %.2f / %.2f\n", s,
 			r.KernelTCP[i].Gbps, k.Write[i].Gbps, k.Write[i].Ratio, k.Read[i].Gbps, k.Read[i].Ratio, k.Send[i].Gbps, k.Send[i].Ratio,
 			k.Write[i].CPUA, k.Write[i].CPUB)
 	}
-	fmt.Printf("iperf3 single stream: %.2f Gb/s\n", r.IperfGbps)
+	fmt.Printf("iperf3 single stream: %.2f Gb/s; kernel TCP 64 KiB with offloads on: %.2f Gb/s\n", r.IperfGbps, r.KernelTCPOffloads64K)
 	fmt.Printf("kernel TCP 1-byte ping-pong: median %.1f µs p99 %.1f µs p99.9 %.1f µs\n", r.KernelTCPLat.Median, r.KernelTCPLat.P99, r.KernelTCPLat.P999)
 	fmt.Printf("softrnic 8 B Write latency: median %.1f µs (%.2fx) p99 %.1f µs p99.9 %.1f µs\n", k.WriteLat.Median, k.WriteLat.Ratio, k.WriteLat.P99, k.WriteLat.P999)
 	fmt.Printf("softrnic 8 B Read  latency: median %.1f µs (%.2fx) p99 %.1f µs p99.9 %.1f µs\n", k.ReadLat.Median, k.ReadLat.Ratio, k.ReadLat.P99, k.ReadLat.P999)

@@ -12,7 +12,7 @@ import (
 
 // plots draws bandwidth against message size and the latency percentiles.
 func plots(r *Results, dir string) error {
-	k := r.Datapaths["kernel"]
+	k, x := r.Datapaths["kernel"], r.Datapaths["xdp"]
 	p := plot.New()
 	p.Title.Text = fmt.Sprintf("Bandwidth, veth MTU %d, CRC %v", r.MTU, r.CRC)
 	p.X.Label.Text = "message size (octets, log scale)"
@@ -28,9 +28,12 @@ func plots(r *Results, dir string) error {
 	}
 	if err := plotutil.AddLinePoints(p,
 		"kernel TCP stream", line(r.KernelTCP),
-		"softrnic RDMA Write", line(k.Write),
-		"softrnic RDMA Read", line(k.Read),
-		"softrnic Send", line(k.Send)); err != nil {
+		"kernel datapath: RDMA Write", line(k.Write),
+		"kernel datapath: RDMA Read", line(k.Read),
+		"kernel datapath: Send", line(k.Send),
+		"xdp datapath: RDMA Write", line(x.Write),
+		"xdp datapath: RDMA Read", line(x.Read),
+		"xdp datapath: Send", line(x.Send)); err != nil {
 		return err
 	}
 	p.Legend.Top = true
@@ -42,7 +45,7 @@ func plots(r *Results, dir string) error {
 	l := plot.New()
 	l.Title.Text = "Round-trip latency (µs): median, p99, p99.9"
 	l.Y.Label.Text = "µs"
-	groups := []Latency{r.KernelTCPLat, k.WriteLat, k.ReadLat}
+	groups := []Latency{r.KernelTCPLat, k.WriteLat, k.ReadLat, x.WriteLat, x.ReadLat}
 	w := vg.Points(18)
 	for i, name := range []string{"median", "p99", "p99.9"} {
 		vals := make(plotter.Values, len(groups))
@@ -58,7 +61,7 @@ func plots(r *Results, dir string) error {
 		l.Add(bars)
 		l.Legend.Add(name, bars)
 	}
-	l.NominalX("kernel TCP 1 B ping-pong", "softrnic 8 B Write", "softrnic 8 B Read")
+	l.NominalX("kernel TCP 1 B ping-pong", "kernel dp 8 B Write", "kernel dp 8 B Read", "xdp 8 B Write", "xdp 8 B Read")
 	l.Legend.Top = true
-	return l.Save(8*vg.Inch, 5*vg.Inch, filepath.Join(dir, "latency.png"))
+	return l.Save(10*vg.Inch, 5*vg.Inch, filepath.Join(dir, "latency.png"))
 }

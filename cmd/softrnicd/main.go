@@ -1,7 +1,7 @@
 // Command softrnicd is the softrnic daemon: it owns the software RNIC of one
 // network interface and serves applications on a Unix socket.
 //
-//	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--socket PATH] [--pollers N] [--log-level L]
+//	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]
 package main
 
 import (
@@ -10,6 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"github.com/softrnic/softrnic/daemon"
@@ -20,11 +23,12 @@ func main() {
 	datapath := flag.String("datapath", "kernel", "datapath: kernel (MPA over kernel TCP) or xdp")
 	socket := flag.String("socket", "", "control socket path (default /run/softrnic/IFACE.sock)")
 	pollers := flag.Int("pollers", 0, "completion vectors: on the xdp datapath the pinned pollers, one per receive queue (default: the queues, at most the CPUs); on the kernel datapath default the CPUs")
+	cpus := flag.String("cpus", "", "CPUs the xdp pollers are pinned to, in turn, as a comma-separated list (default: poller i on CPU i)")
 	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
 	if *iface == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--socket PATH] [--pollers N] [--log-level L]")
+		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]")
 		os.Exit(2)
 	}
 	var lv slog.Level
@@ -32,8 +36,19 @@ func main() {
 		fmt.Fprintf(os.Stderr, "softrnicd: --log-level %q: %v\n", *level, err)
 		os.Exit(2)
 	}
+	var cpuList []int
+	if *cpus != "" {
+		for _, f := range strings.Split(*cpus, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 0 || n >= runtime.NumCPU() {
+				fmt.Fprintf(os.Stderr, "softrnicd: --cpus %q: %q is not a CPU of this machine (0..%d)\n", *cpus, f, runtime.NumCPU()-1)
+				os.Exit(2)
+			}
+			cpuList = append(cpuList, n)
+		}
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, Logger: log})
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, CPUs: cpuList, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)

@@ -1,0 +1,186 @@
+package rnic
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/internal/topology"
+	"github.com/softrnic/softrnic/qp"
+	"github.com/softrnic/softrnic/tcp"
+)
+
+// BenchmarkXDPWrite streams 64 KiB RDMA Writes between two devices on the
+// accelerated datapath (one poller each, on CPUs of their own), 32
+// outstanding, without the daemon: the engine's own bandwidth.
+func BenchmarkXDPWrite(b *testing.B) {
+	tp := topology.NewTest(b, topology.Options{})
+	side := func(h topology.Host, cpu int) *xdpSide {
+		var d *Device
+		if err := h.Do(func() error {
+			var err error
+			d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{cpu}})
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		pd, _ := d.AllocPD()
+		return &xdpSide{dev: d, pd: pd}
+	}
+	a, bb := side(tp.A, 0), side(tp.B, 1)
+	mk := func(s *xdpSide) (*QP, *completion.CQ) {
+		scq, _ := s.dev.CreateCQ(4096, 0)
+		rcq, _ := s.dev.CreateCQ(4096, 0)
+		q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: 256, RQDepth: 16, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return q, scq
+	}
+	qa, scq := mk(a)
+	qb, _ := mk(bb)
+	ln, err := bb.dev.Listen(net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ListenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err == nil {
+			_ = cr.Accept(qb, nil)
+		}
+	}()
+	if _, err := qa.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
+		b.Fatal(err)
+	}
+	const size = 64 << 10
+	src, _ := a.dev.RegisterMR(a.pd, make([]byte, size), 0, 0)
+	dst, _ := bb.dev.RegisterMR(bb.pd, make([]byte, size), 0, qp.LocalWrite|qp.RemoteWrite)
+	wr := &qp.SendWR{Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: src.STag, Length: size}}, RemoteSTag: dst.STag}
+	out := make([]completion.Completion, 64)
+	b.SetBytes(size)
+	b.ResetTimer()
+	posted, done := 0, 0
+	for done < b.N {
+		for posted < b.N && posted-done < 32 {
+			if err := qa.PostSend(wr); err != nil {
+				b.Fatal(err)
+			}
+			posted++
+		}
+		n := scq.Poll(out)
+		for _, c := range out[:n] {
+			if c.Status != completion.Success {
+				b.Fatalf("%+v", c)
+			}
+		}
+		done += n
+		if n == 0 {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
+	b.StopTimer()
+	time.Sleep(150 * time.Millisecond)
+	_ = qa.ec.poller().Do(func(*tcp.Stack, tcp.Time) {
+		b.Logf("sender conn: %+v srtt %v win %+v", qa.ec.conn.Stats, qa.ec.conn.SRTT(), qa.ec.conn.Window())
+	})
+	for _, s := range []*xdpSide{a, bb} {
+		st := s.dev.Pollers()[0].Stats()
+		b.Logf("%+v", st)
+	}
+}
+
+// BenchmarkXDPSendLatency: ping-pong of 8-byte Sends between two devices
+// on the accelerated datapath, completions busy-polled by two goroutines
+// (as perftest does): the engine's round trip without the daemon. Run it
+// with GOMAXPROCS above the CPU count: the pinned pollers hold their Ps.
+func BenchmarkXDPSendLatency(b *testing.B) {
+	tp := topology.NewTest(b, topology.Options{})
+	side := func(h topology.Host, cpu int) *xdpSide {
+		var d *Device
+		if err := h.Do(func() error {
+			var err error
+			d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{cpu}})
+			return err
+		}); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { d.Close() })
+		pd, _ := d.AllocPD()
+		return &xdpSide{dev: d, pd: pd}
+	}
+	a, bb := side(tp.A, 0), side(tp.B, 1)
+	type end struct {
+		q        *QP
+		scq, rcq *completion.CQ
+		mr       *MR
+	}
+	mk := func(s *xdpSide) *end {
+		scq, _ := s.dev.CreateCQ(4096, 0)
+		rcq, _ := s.dev.CreateCQ(4096, 0)
+		q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
+		if err != nil {
+			b.Fatal(err)
+		}
+		mr, _ := s.dev.RegisterMR(s.pd, make([]byte, 64), 0, qp.LocalWrite)
+		return &end{q, scq, rcq, mr}
+	}
+	ea, eb := mk(a), mk(bb)
+	for _, e := range []*end{ea, eb} {
+		for i := 0; i < 32; i++ {
+			must(b, e.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
+		}
+	}
+	ln, err := bb.dev.Listen(net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ListenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err == nil {
+			_ = cr.Accept(eb.q, nil)
+		}
+	}()
+	if _, err := ea.q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
+		b.Fatal(err)
+	}
+	send := func(e *end) {
+		must(b, e.q.PostSend(&qp.SendWR{Op: qp.OpSend, Flags: qp.Inline, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
+	}
+	recv := func(e *end) {
+		out := make([]completion.Completion, 1)
+		deadline := time.Now().Add(5 * time.Second)
+		for e.rcq.Poll(out) == 0 {
+			if time.Now().After(deadline) {
+				b.Fatal("no receive")
+			}
+		}
+		must(b, e.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
+	}
+	stop := make(chan struct{})
+	go func() { // B echoes
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			out := make([]completion.Completion, 1)
+			if eb.rcq.Poll(out) == 1 {
+				must(b, eb.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: eb.mr.STag, Length: 8}}}))
+				send(eb)
+			}
+		}
+	}()
+	defer close(stop)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		send(ea)
+		recv(ea)
+	}
+}
