@@ -30,6 +30,7 @@ import (
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/rnic"
 )
 
@@ -50,7 +51,11 @@ type Options struct {
 	XDPMode string
 	// CPUs the xdp pollers are pinned to, in turn (default: poller i on
 	// CPU i).
-	CPUs   []int
+	CPUs []int
+	// Impair degrades the xdp datapath's link in both directions, in
+	// process (impair.Parse's syntax): for tests on kernels without
+	// sch_netem.
+	Impair string
 	Logger *slog.Logger
 }
 
@@ -114,9 +119,19 @@ func New(opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	imp, err := impair.Parse(opts.Impair)
+	if err != nil {
+		return nil, err
+	}
+	if !imp.IsZero() && opts.Datapath != "xdp" {
+		return nil, fmt.Errorf("%w: impairments need the xdp datapath", ErrDatapath)
+	}
 	var dev *rnic.Device
 	if opts.Datapath == "xdp" {
-		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true, CPUs: opts.CPUs})
+		itx := imp
+		itx.Seed += 1 << 32
+		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true, CPUs: opts.CPUs,
+			ImpairRX: imp, ImpairTX: itx})
 		if err != nil {
 			return nil, fmt.Errorf("%w: xdp: %v", ErrDatapath, err)
 		}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/xdpnet"
@@ -42,6 +43,9 @@ type XDPOptions struct {
 	CPUs []int
 	// TCP configures every poller's Stack.
 	TCP tcp.Options
+	// ImpairRX and ImpairTX degrade every poller's link in process (see
+	// xdpnet.Config); each poller draws from its own seed.
+	ImpairRX, ImpairTX impair.Config
 	// Spin is how long a poller keeps polling after its last work
 	// (xdpnet's default when 0).
 	Spin time.Duration
@@ -94,8 +98,11 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 		return i % runtime.NumCPU()
 	}
 	for i := range o.Pollers {
+		irx, itx := o.ImpairRX, o.ImpairTX
+		irx.Seed, itx.Seed = irx.Seed+uint64(2*i), itx.Seed+uint64(2*i+1)
 		p, err := xdpnet.NewPoller(xdpnet.Config{Interface: o.Interface, Queue: i, Addr: o.Addr, Steering: x.steering,
-			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: cpu(i), Spin: o.Spin})
+			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: cpu(i), Spin: o.Spin,
+			ImpairRX: irx, ImpairTX: itx})
 		if err != nil {
 			return nil, err
 		}

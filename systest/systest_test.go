@@ -49,20 +49,46 @@ func TestTwoHostsSeveralApplications(t *testing.T) {
 
 // The same on the accelerated datapath: softrnicd --datapath xdp against
 // itself and against softrnicd on the kernel's TCP, in both XDP modes,
-// on veth with one receive queue and with two.
+// on veth with one receive queue and with two, on a clean link and on one
+// that loses, reorders and duplicates segments (in process, as tc-netem
+// would: this kernel has no sch_netem).
 func TestTwoHostsXDP(t *testing.T) {
 	testenv.RequireRoot(t)
 	xdp := func(mode string) []string { return []string{"--datapath", "xdp", "--xdp-mode", mode} }
 	for _, mode := range []string{"generic", "native"} {
 		for _, queues := range []int{1, 2} {
 			for _, peer := range []string{"xdp", "kernel"} {
-				t.Run(fmt.Sprintf("%s-%dq-xdp-%s", mode, queues, peer), func(t *testing.T) {
-					args := [2][]string{xdp(mode), xdp(mode)}
-					if peer == "kernel" {
-						args[1] = nil
+				for _, impaired := range []bool{false, true} {
+					// The lossy link in two of the four
+					// mode and queue combinations: each
+					// lossy xdp-xdp run takes 45 s.
+					if impaired && (mode == "generic") != (queues == 1) {
+						continue
 					}
-					twoHosts(t, topology.Options{Queues: queues}, args)
-				})
+					name := fmt.Sprintf("%s-%dq-xdp-%s", mode, queues, peer)
+					if impaired {
+						name += "-lossy"
+					}
+					t.Run(name, func(t *testing.T) {
+						args := [2][]string{xdp(mode), xdp(mode)}
+						if peer == "kernel" {
+							args[1] = nil
+						}
+						if impaired {
+							// Each xdp daemon degrades both
+							// directions of its link, so against
+							// the kernel every segment crosses one
+							// impaired hop, and between two xdp
+							// daemons two.
+							for i := range args {
+								if args[i] != nil {
+									args[i] = append(args[i], "--impair", fmt.Sprintf("loss=0.2%%,reorder=0.2%%,duplicate=0.1%%,seed=%d", i+1))
+								}
+							}
+						}
+						twoHosts(t, topology.Options{Queues: queues}, args)
+					})
+				}
 			}
 		}
 	}

@@ -1,6 +1,8 @@
 package xdpnet
 
 import (
+	"time"
+
 	"github.com/softrnic/softrnic/header"
 	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/xsk"
@@ -21,7 +23,11 @@ func (p *Poller) receive() bool {
 	u := p.umem
 	for i := uint32(0); i < n; i++ {
 		d := rx.Get(idx + i)
-		p.inputFrame(now, u.Packet(d), false)
+		if p.rxStage != nil {
+			p.rxStage.Push(time.Duration(now), u.Packet(d))
+		} else {
+			p.inputFrame(now, u.Packet(d), false)
+		}
 		p.rxFree.Free(d.Addr)
 	}
 	rx.Release(n)
@@ -102,6 +108,9 @@ func (p *Poller) transmit(now tcp.Time) (bool, error) {
 	tx := p.sock.TX()
 	u := p.umem
 	p.more = false
+	if p.txStage != nil && p.sendImpaired(now) {
+		work = true
+	}
 	for {
 		want := min(uint32(p.txFree.Len()), txBatch)
 		if want == 0 {
@@ -137,6 +146,12 @@ func (p *Poller) transmit(now tcp.Time) (bool, error) {
 				TTL: 64, Protocol: header.IPProtocolTCP, Src: src, Dst: dst,
 			})
 			p.ipID++
+			if p.txStage != nil {
+				// The impaired link takes a copy; the frame is free again.
+				p.txStage.Push(time.Duration(now), frame[:header.EthernetLen+total])
+				p.txFree.Free(addr)
+				continue
+			}
 			tx.Set(idx+i, xsk.Desc{Addr: addr, Len: uint32(header.EthernetLen + total)})
 			i++
 		}
@@ -160,4 +175,42 @@ func (p *Poller) transmit(now tcp.Time) (bool, error) {
 		}
 	}
 	return work, nil
+}
+
+// receiveImpaired gives the Stack the received frames the impaired link
+// lets through by now; it reports whether there were any.
+func (p *Poller) receiveImpaired(now tcp.Time) bool {
+	work := false
+	for {
+		n, ok := p.rxStage.Pop(time.Duration(now), p.scratch)
+		if !ok {
+			return work
+		}
+		work = true
+		p.inputFrame(now, p.scratch[:n], false)
+	}
+}
+
+// sendImpaired submits the frames the impaired link lets out by now.
+func (p *Poller) sendImpaired(now tcp.Time) bool {
+	tx := p.sock.TX()
+	sent := false
+	for p.txFree.Len() > 0 {
+		next, ok := p.txStage.Next()
+		if !ok || next > time.Duration(now) {
+			break
+		}
+		idx, k := tx.Reserve(1)
+		if k == 0 {
+			break
+		}
+		addr, _ := p.txFree.Alloc()
+		n, _ := p.txStage.Pop(time.Duration(now), p.umem.Frame(addr))
+		tx.Set(idx, xsk.Desc{Addr: addr, Len: uint32(n)})
+		tx.Submit(1)
+		p.inFlight++
+		p.stats.TXFrames++
+		sent = true
+	}
+	return sent
 }

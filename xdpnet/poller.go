@@ -80,6 +80,7 @@ import (
 
 	"github.com/softrnic/softrnic/bpf"
 	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/xsk"
 )
@@ -124,6 +125,10 @@ type Config struct {
 	// Pin, with CPU, pins the loop's OS thread to that CPU.
 	Pin bool
 	CPU int
+	// ImpairRX and ImpairTX degrade what this poller receives and sends
+	// the way tc-netem would (loss, duplication, reordering, delay), in
+	// process: the tests' bad network on kernels without sch_netem.
+	ImpairRX, ImpairTX impair.Config
 	// Group, when not nil, is the group of pollers of the interface this
 	// one joins (see Group).
 	Group *Group
@@ -170,6 +175,8 @@ type Stats struct {
 	Slept                  time.Duration
 	// Flows and Listens currently registered with the steering program.
 	Flows, Listens int
+	// ImpairRX and ImpairTX count what the impaired link did.
+	ImpairRX, ImpairTX impair.Stats
 	// Stack is the Stack's own counters.
 	Stack tcp.StackStats
 	// Socket is the kernel's counters of the AF_XDP socket.
@@ -197,6 +204,10 @@ type Poller struct {
 	async      []func() // Async functions waiting for the loop
 	asyncSpare []func() // the loop's: the slice runAsync last emptied
 	sleeping   atomic.Bool
+	// rxStage and txStage impair the link (nil: not impaired); scratch
+	// takes a frame out of rxStage.
+	rxStage, txStage *impair.Stage
+	scratch          []byte
 	// in and out are the handoff rings from and to the other pollers of
 	// the Group, made before any runs.
 	in       []*handoff
@@ -309,6 +320,12 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	p.txFree = xsk.NewFreeList(frameSize, half, half)
 	p.sock.Fill().Refill(p.rxFree, ring)
 
+	if !cfg.ImpairRX.IsZero() {
+		p.rxStage, p.scratch = impair.New(cfg.ImpairRX), make([]byte, frameSize)
+	}
+	if !cfg.ImpairTX.IsZero() {
+		p.txStage = impair.New(cfg.ImpairTX)
+	}
 	if cfg.Group != nil {
 		p.start = cfg.Group.start
 		cfg.Group.join(p)
@@ -516,6 +533,9 @@ func (p *Poller) turn() (bool, error) {
 	if len(p.in) > 0 && p.receiveHandoffs(now) {
 		work = true
 	}
+	if p.rxStage != nil && p.receiveImpaired(now) {
+		work = true
+	}
 	p.stack.Advance(now)
 	sent, err := p.transmit(now)
 	if err != nil {
@@ -541,6 +561,14 @@ func (p *Poller) sleep(now tcp.Time) error {
 	}
 	if p.more || p.inFlight > 0 {
 		d = min(d, waitCompletion)
+	}
+	for _, st := range []*impair.Stage{p.rxStage, p.txStage} {
+		if st == nil {
+			continue
+		}
+		if t, ok := st.Next(); ok {
+			d = min(d, max(t-time.Duration(now), 0))
+		}
 	}
 	if len(p.calls) > 0 || d == 0 {
 		return nil
@@ -663,6 +691,12 @@ func (p *Poller) publishStats() {
 	st.Stack = p.stack.Stats
 	st.BadTCPChecksum = p.stack.Stats.BadChecksum
 	st.Flows, st.Listens = len(p.flows), len(p.listens)
+	if p.rxStage != nil {
+		st.ImpairRX = p.rxStage.Stats
+	}
+	if p.txStage != nil {
+		st.ImpairTX = p.txStage.Stats
+	}
 	p.statsShadow.Store(&st)
 }
 

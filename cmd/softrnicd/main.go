@@ -24,6 +24,7 @@ func main() {
 	socket := flag.String("socket", "", "control socket path (default /run/softrnic/IFACE.sock)")
 	pollers := flag.Int("pollers", 0, "completion vectors: on the xdp datapath the pinned pollers, one per receive queue (default: the queues, at most the CPUs); on the kernel datapath default the CPUs")
 	cpus := flag.String("cpus", "", "CPUs the xdp pollers are pinned to, in turn, as a comma-separated list (default: poller i on CPU i)")
+	imp := flag.String("impair", "", "test facility: degrade the xdp datapath's link both ways in process, e.g. loss=0.5%,reorder=0.5%,seed=1 (keys: loss duplicate reorder delay jitter seed)")
 	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
@@ -48,7 +49,7 @@ func main() {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, CPUs: cpuList, Logger: log})
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, CPUs: cpuList, Impair: *imp, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)

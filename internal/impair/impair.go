@@ -17,6 +17,8 @@ package impair
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -256,4 +258,64 @@ func (s *Stage) alloc(n int) *packet {
 		}
 	}
 	return &packet{b: make([]byte, n, max(n, 2048))}
+}
+
+// Parse reads a configuration written as comma-separated key=value pairs,
+// tc-netem's quantities with our names: loss, duplicate and reorder as
+// fractions or percentages ("0.01" or "1%"), delay and jitter as Go
+// durations, seed as an integer. "" and "none" are the zero Config.
+func Parse(s string) (Config, error) {
+	var c Config
+	if s == "" || s == "none" {
+		return c, nil
+	}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(strings.TrimSpace(kv), "=")
+		if !ok {
+			return c, fmt.Errorf("impair: %q: want key=value", kv)
+		}
+		prob := func(dst *float64) error {
+			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
+			if strings.HasSuffix(v, "%") {
+				f /= 100
+			}
+			if err != nil || f < 0 || f > 1 {
+				return fmt.Errorf("impair: %s=%q: want a probability (0.01 or 1%%)", k, v)
+			}
+			*dst = f
+			return nil
+		}
+		dur := func(dst *time.Duration) error {
+			d, err := time.ParseDuration(v)
+			if err != nil || d < 0 {
+				return fmt.Errorf("impair: %s=%q: want a duration (2ms)", k, v)
+			}
+			*dst = d
+			return nil
+		}
+		var err error
+		switch k {
+		case "loss":
+			err = prob(&c.Loss)
+		case "duplicate":
+			err = prob(&c.Duplicate)
+		case "reorder":
+			err = prob(&c.Reorder)
+		case "delay":
+			err = dur(&c.Delay)
+		case "jitter":
+			err = dur(&c.Jitter)
+		case "seed":
+			c.Seed, err = strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				err = fmt.Errorf("impair: seed=%q: want an integer", v)
+			}
+		default:
+			err = fmt.Errorf("impair: unknown key %q (loss, duplicate, reorder, delay, jitter, seed)", k)
+		}
+		if err != nil {
+			return c, err
+		}
+	}
+	return c, nil
 }

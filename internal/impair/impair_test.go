@@ -259,3 +259,22 @@ func TestBuffersRecycled(t *testing.T) {
 		t.Errorf("%v allocations per packet", a)
 	}
 }
+
+func TestParse(t *testing.T) {
+	c, err := Parse("loss=1%, reorder=0.02,duplicate=0.5%,delay=2ms,jitter=500us,seed=7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Config{Loss: 0.01, Reorder: 0.02, Duplicate: 0.005, Delay: 2 * time.Millisecond, Jitter: 500 * time.Microsecond, Seed: 7}
+	if c != want {
+		t.Fatalf("got %+v, want %+v", c, want)
+	}
+	if c, err := Parse("none"); err != nil || !c.IsZero() {
+		t.Fatalf("none: %+v %v", c, err)
+	}
+	for _, bad := range []string{"loss", "loss=2", "loss=x", "delay=-1ms", "seed=-3", "rate=1"} {
+		if _, err := Parse(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
