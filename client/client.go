@@ -17,6 +17,9 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/fdpass"
@@ -36,6 +39,10 @@ var (
 	ErrQueueFull = fmt.Errorf("client: work queue full: %w", ErrInsufficientResources)
 	// ErrClosed: the IA was closed or the daemon went away.
 	ErrClosed = errors.New("client: interface adapter closed")
+	// ErrDaemonGone: the daemon's end of the session closed (it exited or
+	// was killed); waits and dequeues fail with it once the events
+	// already delivered are taken.
+	ErrDaemonGone = fmt.Errorf("client: softrnicd went away: %w", ErrClosed)
 )
 
 // Options for Open.
@@ -60,6 +67,13 @@ type IA struct {
 
 	objMu sync.Mutex
 	eps   map[uint32]*EP
+	evds  map[*EVD]struct{}
+
+	// gone: the daemon hung up (see watch); stop wakes watch at Close.
+	gone    atomic.Bool
+	stop    *os.File
+	stopW   *os.File
+	watched chan struct{}
 }
 
 // Open connects to the daemon.
@@ -76,7 +90,7 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open IA: connect to softrnicd at %s: %w", path, err)
 	}
-	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}}
+	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}, evds: map[*EVD]struct{}{}, watched: make(chan struct{})}
 	var reply ctl.HelloReply
 	files, err := ia.call(ctl.OpHello, &ctl.Hello{Client: opts.Name}, nil, &reply)
 	if err != nil {
@@ -89,8 +103,52 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 		return nil, fmt.Errorf("open IA: daemon passed %d descriptors, want the doorbell", len(files))
 	}
 	ia.attr, ia.doorbell = reply.IA, files[0]
+	if ia.stop, ia.stopW, err = os.Pipe(); err != nil {
+		ia.Close()
+		return nil, fmt.Errorf("open IA: %w", err)
+	}
+	go ia.watch()
 	return ia, nil
 }
+
+// watch waits for the daemon to hang up on the session, without reading
+// the socket (the requests' replies are call's), and then wakes every
+// waiter so that it sees ErrDaemonGone instead of sleeping forever.
+func (ia *IA) watch() {
+	defer close(ia.watched)
+	rc, err := ia.conn.SyscallConn()
+	if err != nil {
+		return
+	}
+	var fd int
+	_ = rc.Control(func(f uintptr) { fd = int(f) })
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}, {Fd: int32(ia.stop.Fd()), Events: unix.POLLIN}}
+	for {
+		_, err := unix.Poll(fds, -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil || fds[1].Revents != 0 {
+			return // Close
+		}
+		if fds[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR) != 0 {
+			break
+		}
+	}
+	ia.gone.Store(true)
+	ia.objMu.Lock()
+	evds := make([]*EVD, 0, len(ia.evds))
+	for e := range ia.evds {
+		evds = append(evds, e)
+	}
+	ia.objMu.Unlock()
+	for _, e := range evds {
+		e.wake()
+	}
+}
+
+// Gone reports whether the daemon has hung up on the session.
+func (ia *IA) Gone() bool { return ia.gone.Load() }
 
 // Attr are the IA's attributes (dat_ia_query).
 func (ia *IA) Attr() ctl.IAAttr { return ia.attr }
@@ -105,6 +163,13 @@ func (ia *IA) Close() error {
 	}
 	ia.closed = true
 	ia.doorbell.Close()
+	if ia.stopW != nil {
+		// watch polls the socket's descriptor: it ends before the
+		// socket closes.
+		ia.stopW.Close()
+		<-ia.watched
+		ia.stop.Close()
+	}
 	return ia.conn.Close()
 }
 

@@ -3,11 +3,15 @@ package client_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -16,6 +20,7 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/daemon"
 )
 
 // TestMain lets the test binary act as a client process for crash tests.
@@ -226,5 +231,49 @@ func TestGarbageOnTheControlSocket(t *testing.T) {
 			t.Fatalf("sessions left over: %v", srv.Counts())
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// When the daemon goes away (here it stops; a SIGKILL looks the same from
+// the socket), an application sleeping in Wait wakes with ErrDaemonGone
+// instead of sleeping forever, and Dequeue says so too.
+func TestDaemonGoneWakesWaiters(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "lo.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve() }()
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "gone"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ia.Close()
+	evd, err := ia.CreateEVD(client.EVDOptions{Depth: 16, Kind: client.DTOEvents})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := evd.Wait(context.Background())
+		waited <- err
+	}()
+	time.Sleep(50 * time.Millisecond)
+	srv.Close()
+	<-served
+	select {
+	case err := <-waited:
+		if !errors.Is(err, client.ErrDaemonGone) {
+			t.Fatalf("Wait: %v, want ErrDaemonGone", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Wait still sleeps after the daemon went away")
+	}
+	if _, ok, err := evd.Dequeue(); ok || !errors.Is(err, client.ErrDaemonGone) {
+		t.Fatalf("Dequeue: %v %v", ok, err)
+	}
+	if !ia.Gone() {
+		t.Fatal("Gone is false")
 	}
 }

@@ -71,7 +71,14 @@ func (ia *IA) CreateEVD(o EVDOptions) (*EVD, error) {
 		files[1].Close()
 		return nil, fmt.Errorf("create EVD: %w", err)
 	}
-	return &EVD{ia: ia, h: r.EVD, mem: mem, ring: ring, notify: files[1]}, nil
+	e := &EVD{ia: ia, h: r.EVD, mem: mem, ring: ring, notify: files[1]}
+	ia.objMu.Lock()
+	ia.evds[e] = struct{}{}
+	ia.objMu.Unlock()
+	if ia.gone.Load() {
+		e.wake()
+	}
+	return e, nil
 }
 
 // Free frees the EVD; it fails while EPs or PSPs use it.
@@ -79,8 +86,19 @@ func (e *EVD) Free() error {
 	if _, err := e.ia.call(ctl.OpFreeEVD, &ctl.Handle{H: e.h}, nil, nil); err != nil {
 		return fmt.Errorf("free EVD: %w", err)
 	}
+	e.ia.objMu.Lock()
+	delete(e.ia.evds, e)
+	e.ia.objMu.Unlock()
 	_ = shm.Unmap(e.mem)
 	return e.notify.Close()
+}
+
+// wake signals the EVD's eventfd ourselves, so that a Wait sleeping on it
+// looks again (and finds the daemon gone).
+func (e *EVD) wake() {
+	var one [8]byte
+	one[0] = 1
+	_, _ = e.notify.Write(one[:])
 }
 
 // EventType classifies events.
@@ -145,7 +163,11 @@ type Event struct {
 func (e *EVD) Dequeue() (Event, bool, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.dequeue()
+	ev, ok, err := e.dequeue()
+	if !ok && err == nil && e.ia.gone.Load() {
+		err = fmt.Errorf("EVD %d: %w", e.h, ErrDaemonGone)
+	}
+	return ev, ok, err
 }
 
 func (e *EVD) dequeue() (Event, bool, error) {
@@ -185,6 +207,9 @@ func (e *EVD) Wait(ctx context.Context) (Event, error) {
 		e.ring.SetFlags(shm.Armed)
 		if ev, ok, err := e.dequeue(); ok || err != nil {
 			return ev, err
+		}
+		if e.ia.gone.Load() {
+			return Event{}, fmt.Errorf("EVD %d: %w", e.h, ErrDaemonGone)
 		}
 		if err := waitFile(ctx, e.notify); err != nil {
 			return Event{}, err

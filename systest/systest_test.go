@@ -5,6 +5,7 @@ package systest
 import (
 	"bytes"
 	"fmt"
+	stdnet "net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -162,4 +163,131 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 		}
 	}
 	t.Logf("%d pairs, %d MiB moved and verified in %v", pairs, pairs*2*size>>20, elapsed.Round(time.Millisecond))
+}
+
+// startDaemon runs softrnicd on a host and waits for its socket.
+func startDaemon(t *testing.T, dir string, h topology.Host, sock string, args ...string) *exec.Cmd {
+	t.Helper()
+	cmd := h.Command(filepath.Join(dir, "softrnicd"), append([]string{"--iface", h.Link, "--socket", sock, "--log-level", "warn"}, args...)...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	// The socket file may be a dead daemon's: wait until one answers.
+	for i := 0; ; i++ {
+		c, err := stdnet.Dial("unixpacket", sock)
+		if err == nil {
+			c.Close()
+			return cmd
+		}
+		if i == 500 {
+			t.Fatalf("softrnicd never answered on %s: %v", sock, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// xdpAttached reports whether an XDP program is attached to the host's link.
+func xdpAttached(t *testing.T, h topology.Host) bool {
+	out, err := h.Command("ip", "-d", "link", "show", "dev", h.Link).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link: %v %s", err, out)
+	}
+	return strings.Contains(string(out), "prog/xdp")
+}
+
+// A SIGKILLed xdp daemon leaves nothing behind: its XDP program goes with
+// it (a bpf_link), the kernel resets the connections it had, so the peer's
+// application sees its connection broken at once rather than hanging, and a
+// daemon started again on the same socket serves new connections.
+func TestXDPDaemonKilled(t *testing.T) {
+	testenv.RequireRoot(t)
+	net := topology.NewTest(t, topology.Options{})
+	dir := t.TempDir()
+	build(t, dir)
+	gobin := testenv.RequireTool(t, "go")
+	if out, err := exec.Command(gobin, "build", "-o", dir+"/", "github.com/softrnic/softrnic/cmd/softrnic-perf").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	da := startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
+	startDaemon(t, dir, net.B, sockB)
+	if !xdpAttached(t, net.A) {
+		t.Fatal("no XDP program on A's link while the daemon runs")
+	}
+	perf := func(h topology.Host, sock string, args ...string) *exec.Cmd {
+		return h.Command("timeout", append([]string{"60", filepath.Join(dir, "softrnic-perf"), args[0], "--socket", sock}, args[1:]...)...)
+	}
+	// A long transfer from B to A: B keeps sending, so once A's daemon
+	// has gone its segments reach A's kernel, which owns no such
+	// connection and resets it.
+	var srvOut, cliOut bytes.Buffer
+	srv := perf(net.A, sockA, "write_bw", "-s", "65536", "-D", "40s", "-p", "19001")
+	srv.Stdout, srv.Stderr = &srvOut, &srvOut
+	if err := srv.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Process.Kill()
+	time.Sleep(300 * time.Millisecond)
+	cli := perf(net.B, sockB, "write_bw", "-s", "65536", "-D", "40s", "-p", "19001", net.A.Addr.Addr().String())
+	cli.Stdout, cli.Stderr = &cliOut, &cliOut
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cliDone := make(chan error, 1)
+	go func() { cliDone <- cli.Wait() }()
+	time.Sleep(2 * time.Second)
+	select {
+	case err := <-cliDone:
+		t.Fatalf("the transfer ended before the kill: %v\n%s", err, cliOut.String())
+	default:
+	}
+	killed := time.Now()
+	if err := da.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = da.Wait()
+	if xdpAttached(t, net.A) {
+		t.Error("the XDP program outlived the daemon")
+	}
+	select {
+	case err := <-cliDone:
+		t.Logf("B's application ended %v after the kill: %v\n%s", time.Since(killed).Round(time.Millisecond), err, cliOut.String())
+		if err == nil {
+			t.Errorf("B's application reported success for a transfer cut short")
+		}
+		if time.Since(killed) > 15*time.Second {
+			t.Errorf("B's application took %v to notice", time.Since(killed))
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatalf("B's application still runs 20 s after A's daemon died:\n%s", cliOut.String())
+	}
+	// A's application, whose daemon died, is told so.
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- srv.Wait() }()
+	select {
+	case err := <-srvDone:
+		if err == nil || !strings.Contains(srvOut.String(), "softrnicd went away") {
+			t.Errorf("A's application: %v\n%s", err, srvOut.String())
+		}
+	case <-time.After(10 * time.Second):
+		t.Errorf("A's application still waits 10 s after its daemon died:\n%s", srvOut.String())
+	}
+
+	// Again, with a new daemon on A.
+	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
+	srv2 := perf(net.A, sockA, "write_bw", "-s", "4096", "-n", "2000", "-p", "19002", "--verify")
+	var out2 bytes.Buffer
+	srv2.Stdout, srv2.Stderr = &out2, &out2
+	if err := srv2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if out, err := perf(net.B, sockB, "write_bw", "-s", "4096", "-n", "2000", "-p", "19002", "--verify", net.A.Addr.Addr().String()).CombinedOutput(); err != nil {
+		t.Fatalf("after the restart: %v\n%s", err, out)
+	}
+	if err := srv2.Wait(); err != nil {
+		t.Fatalf("server after the restart: %v\n%s", err, out2.String())
+	}
 }
