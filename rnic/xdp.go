@@ -256,10 +256,12 @@ func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
 	ec.conn = c
 	ec.lock()
 	ec.noteCPU()
-	n := ec.llp.Receive(c, b)
+	// Heard: octets after MPA startup (the Reply does not count; see
+	// nudgeIfSilent).
 	if ec.q != nil && ec.llp.Ready() {
 		ec.q.heard.Store(true)
 	}
+	n := ec.llp.Receive(c, b)
 	ec.unlock()
 	return n
 }
