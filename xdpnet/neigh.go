@@ -28,13 +28,27 @@ type neighbours struct {
 	ifindex int
 	seq     uint32
 	cache   map[netip.Addr]*neighbour
-	// last is the most recent hit: most segments go to one peer.
-	lastAddr netip.Addr
-	last     *neighbour
-	buf      []byte
+	// routes maps a destination to its next hop on the interface: the
+	// destination itself on the link, or its gateway.
+	routes map[netip.Addr]*route
+	// events is a second NETLINK_ROUTE socket subscribed to neighbour
+	// and IPv4 route changes, drained by follow.
+	events int
+	// last is the most recent hit (destination, its next hop's entry,
+	// when the route was read): most segments go to one peer.
+	lastAddr, lastHop netip.Addr
+	last              *neighbour
+	lastAt            tcp.Time
+	buf               []byte
 	// req and kernel are reused for every query.
 	req    [unix.SizeofNlMsghdr + unix.SizeofNdMsg + unix.SizeofRtAttr + 4]byte
 	kernel unix.SockaddrNetlink
+}
+
+type route struct {
+	hop       netip.Addr
+	ok        bool     // a route through the interface exists
+	checkedAt tcp.Time // when the kernel was last asked
 }
 
 type neighbour struct {
@@ -59,24 +73,130 @@ func newNeighbours(ifindex int) (*neighbours, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("xdpnet: netlink timeout: %w", err)
 	}
-	return &neighbours{fd: fd, ifindex: ifindex, cache: make(map[netip.Addr]*neighbour), buf: make([]byte, 4096),
+	ev, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC|unix.SOCK_NONBLOCK, unix.NETLINK_ROUTE)
+	if err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("xdpnet: netlink socket: %w", err)
+	}
+	if err := unix.Bind(ev, &unix.SockaddrNetlink{Family: unix.AF_NETLINK, Groups: unix.RTMGRP_NEIGH | unix.RTMGRP_IPV4_ROUTE}); err != nil {
+		unix.Close(fd)
+		unix.Close(ev)
+		return nil, fmt.Errorf("xdpnet: netlink subscribe: %w", err)
+	}
+	return &neighbours{fd: fd, events: ev, ifindex: ifindex, cache: make(map[netip.Addr]*neighbour),
+		routes: make(map[netip.Addr]*route), buf: make([]byte, 4096),
 		kernel: unix.SockaddrNetlink{Family: unix.AF_NETLINK}}, nil
 }
 
-func (n *neighbours) close() error { return unix.Close(n.fd) }
+func (n *neighbours) close() error {
+	unix.Close(n.events)
+	return unix.Close(n.fd)
+}
 
-// lookup returns the MAC to send to addr. Without a usable one it asks the
-// kernel to resolve addr (at most every retrigger) and reports false.
+// follow drains the kernel's notifications of neighbour and route
+// changes: a changed entry for an address in the cache is read again at
+// its next use, and any route change makes every next hop be looked up
+// again. It reports how many notifications it took. The loop calls it
+// every sweep, so a change is followed within about 100 ms rather than at
+// the next neighbourTTL.
+func (n *neighbours) follow() int {
+	count := 0
+	for {
+		k, _, err := unix.Recvfrom(n.events, n.buf, unix.MSG_DONTWAIT)
+		if err != nil || k == 0 {
+			if err == unix.ENOBUFS { // missed some: forget everything
+				n.forget()
+				continue
+			}
+			return count
+		}
+		b := n.buf[:k]
+		for len(b) >= unix.SizeofNlMsghdr {
+			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
+			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
+				break
+			}
+			msg := b[unix.SizeofNlMsghdr:h.Len]
+			b = b[min(len(b), nlAlign(int(h.Len))):]
+			count++
+			switch h.Type {
+			case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
+				clear(n.routes)
+				n.last = nil
+			case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
+				if len(msg) < unix.SizeofNdMsg {
+					continue
+				}
+				if dst, ok := attr4(msg[unix.SizeofNdMsg:], unix.NDA_DST); ok {
+					if e := n.cache[dst]; e != nil {
+						e.checkedAt, e.valid = 0, false
+					}
+				}
+			}
+		}
+	}
+}
+
+// forget drops every cached answer.
+func (n *neighbours) forget() {
+	clear(n.routes)
+	clear(n.cache)
+	n.last = nil
+}
+
+// attr4 finds an IPv4 address attribute of type typ.
+func attr4(attrs []byte, typ uint16) (netip.Addr, bool) {
+	for len(attrs) >= unix.SizeofRtAttr {
+		at := (*unix.RtAttr)(unsafe.Pointer(&attrs[0]))
+		if at.Len < unix.SizeofRtAttr || int(at.Len) > len(attrs) {
+			break
+		}
+		if at.Type == typ && at.Len == unix.SizeofRtAttr+4 {
+			return netip.AddrFrom4([4]byte(attrs[unix.SizeofRtAttr:at.Len])), true
+		}
+		attrs = attrs[min(len(attrs), nlAlign(int(at.Len))):]
+	}
+	return netip.Addr{}, false
+}
+
+// nextHop is where a segment to addr goes on the link: addr itself, or the
+// gateway of the kernel's route to it (RTM_GETROUTE), read again after
+// neighbourTTL or a route change. ok is false when the kernel routes addr
+// through another interface, or not at all.
+func (n *neighbours) nextHop(now tcp.Time, addr netip.Addr) (netip.Addr, bool) {
+	r := n.routes[addr]
+	if r == nil {
+		r = &route{}
+		n.routes[addr] = r
+	}
+	if r.checkedAt == 0 || now-r.checkedAt >= tcp.Time(neighbourTTL) {
+		r.checkedAt = now
+		hop, oif, err := n.queryRoute(addr)
+		r.ok = err == nil && oif == n.ifindex
+		r.hop = hop
+	}
+	return r.hop, r.ok
+}
+
+// lookup returns the MAC to send to addr: its next hop's. Without a usable
+// one it asks the kernel to resolve the next hop (at most every retrigger)
+// and reports false.
 func (n *neighbours) lookup(now tcp.Time, addr netip.Addr) ([6]byte, bool) {
 	e := n.last
-	if addr != n.lastAddr || e == nil {
-		e = n.cache[addr]
+	if addr != n.lastAddr || e == nil || now-n.lastAt >= tcp.Time(neighbourTTL) {
+		hop, ok := n.nextHop(now, addr)
+		if !ok {
+			n.last = nil
+			return [6]byte{}, false
+		}
+		e = n.cache[hop]
 		if e == nil {
 			e = &neighbour{}
-			n.cache[addr] = e
+			n.cache[hop] = e
 		}
-		n.lastAddr, n.last = addr, e
+		n.lastAddr, n.last, n.lastAt, n.lastHop = addr, e, now, hop
 	}
+	addr = n.lastHop
 	if e.valid && now-e.checkedAt < tcp.Time(neighbourTTL) {
 		return e.mac, true
 	}
@@ -179,6 +299,74 @@ func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
 }
 
 func nlAlign(n int) int { return (n + 3) &^ 3 }
+
+// queryRoute asks the kernel how it would send to addr (RTM_GETROUTE): the
+// next hop (the gateway, or addr on the link) and the output interface.
+func (n *neighbours) queryRoute(addr netip.Addr) (hop netip.Addr, oif int, err error) {
+	n.seq++
+	a4 := addr.As4()
+	const attrLen = unix.SizeofRtAttr + 4
+	msgLen := unix.SizeofNlMsghdr + unix.SizeofRtMsg + attrLen
+	var req [unix.SizeofNlMsghdr + unix.SizeofRtMsg + attrLen]byte
+	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
+		Len: uint32(msgLen), Type: unix.RTM_GETROUTE, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
+	}
+	*(*unix.RtMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.RtMsg{Family: unix.AF_INET, Dst_len: 32}
+	off := unix.SizeofNlMsghdr + unix.SizeofRtMsg
+	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.RTA_DST}
+	copy(req[off+unix.SizeofRtAttr:], a4[:])
+	if err := unix.Sendto(n.fd, req[:], 0, &n.kernel); err != nil {
+		return hop, 0, fmt.Errorf("xdpnet: route request: %w", err)
+	}
+	for range 8 {
+		k, _, err := unix.Recvfrom(n.fd, n.buf, 0)
+		if err != nil {
+			return hop, 0, fmt.Errorf("xdpnet: route answer: %w", err)
+		}
+		b := n.buf[:k]
+		for len(b) >= unix.SizeofNlMsghdr {
+			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
+			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
+				return hop, 0, fmt.Errorf("xdpnet: route answer: bad length %d", h.Len)
+			}
+			msg := b[unix.SizeofNlMsghdr:h.Len]
+			b = b[min(len(b), nlAlign(int(h.Len))):]
+			if h.Seq != n.seq {
+				continue
+			}
+			switch h.Type {
+			case unix.NLMSG_ERROR:
+				if len(msg) >= 4 {
+					if e := int32(binary.NativeEndian.Uint32(msg)); e != 0 {
+						return hop, 0, fmt.Errorf("xdpnet: no route to %v: %w", addr, unix.Errno(-e))
+					}
+				}
+				return hop, 0, fmt.Errorf("xdpnet: no route to %v", addr)
+			case unix.RTM_NEWROUTE:
+				if len(msg) < unix.SizeofRtMsg {
+					return hop, 0, fmt.Errorf("xdpnet: route answer too short")
+				}
+				attrs := msg[unix.SizeofRtMsg:]
+				hop = addr
+				if gw, ok := attr4(attrs, unix.RTA_GATEWAY); ok {
+					hop = gw
+				}
+				for a := attrs; len(a) >= unix.SizeofRtAttr; {
+					at := (*unix.RtAttr)(unsafe.Pointer(&a[0]))
+					if at.Len < unix.SizeofRtAttr || int(at.Len) > len(a) {
+						break
+					}
+					if at.Type == unix.RTA_OIF && at.Len == unix.SizeofRtAttr+4 {
+						oif = int(binary.NativeEndian.Uint32(a[unix.SizeofRtAttr:]))
+					}
+					a = a[min(len(a), nlAlign(int(at.Len))):]
+				}
+				return hop, oif, nil
+			}
+		}
+	}
+	return hop, 0, fmt.Errorf("xdpnet: route answer: none with sequence %d", n.seq)
+}
 
 // solicit makes the kernel resolve addr: an empty UDP datagram to its
 // discard port from a kernel socket goes through the kernel's neighbour

@@ -50,8 +50,13 @@
 // datagram to the peer's discard port from a kernel socket, which makes
 // the kernel resolve it (its ARP replies are not TCP, so the steering
 // program passes them to the kernel), and drops the segment: TCP
-// retransmits it. Connect resolves before it sends the SYN. Peers must be
-// on the link: routed next hops are not looked up yet.
+// retransmits it. Connect resolves before it sends the SYN. A peer off the
+// link is reached through the gateway of the kernel's route to it
+// (RTM_GETROUTE); a peer the kernel routes through another interface is
+// refused. Changes are followed: a second netlink socket subscribed to
+// neighbour and route notifications is drained every sweep, and what
+// changed is read again at its next use (everything is read again after
+// neighbourTTL anyway).
 //
 // # Offloads
 //
@@ -165,6 +170,8 @@ type Stats struct {
 	TXFrames, TXNoNeighbour, Kicks uint64
 	// FlowErrors: flow map updates that failed.
 	FlowErrors uint64
+	// NetlinkEvents: neighbour and route changes the kernel notified.
+	NetlinkEvents uint64
 	// HandedOff: frames passed to the poller that owns their flow;
 	// HandoffDrops: dropped because its ring was full; MovingDrops:
 	// dropped while their connection moved between pollers.
@@ -546,6 +553,7 @@ func (p *Poller) turn() (bool, error) {
 	}
 	if now-p.lastSweep >= tcp.Time(sweepInterval) {
 		p.lastSweep = now
+		p.stats.NetlinkEvents += uint64(p.neigh.follow())
 		p.sweep(now)
 		p.publishStats()
 	}

@@ -24,6 +24,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -481,5 +482,54 @@ func BenchmarkEngineSend(b *testing.B) {
 			}
 			b.Logf("engine: %+v, poller %+v", st, e.p.Stats())
 		})
+	}
+}
+
+// A peer off the link: the engine reaches 10.99.0.1, an address of A's
+// that B routes through A, and moves 4 MiB to the kernel there; an address
+// B has no route for is refused with a clear error.
+func TestPollerRoutedPeer(t *testing.T) {
+	e := start(t, bpf.ModeGeneric, tcp.Options{})
+	for _, c := range []struct {
+		h    topology.Host
+		args []string
+	}{
+		{e.tp.A, []string{"addr", "add", "10.99.0.1/32", "dev", "lo"}},
+		{e.tp.B, []string{"route", "add", "10.99.0.0/24", "via", e.tp.A.Addr.Addr().String()}},
+	} {
+		if out, err := c.h.Command("ip", c.args...).CombinedOutput(); err != nil {
+			t.Fatalf("ip %v: %v %s", c.args, err, out)
+		}
+	}
+	var ln *net.TCPListener
+	if err := e.tp.A.Do(func() error {
+		l, err := net.Listen("tcp4", "10.99.0.1:"+fmt.Sprint(kernelPort))
+		if err == nil {
+			ln = l.(*net.TCPListener)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	const total = 4 << 20
+	ep := newEndpoint(total)
+	if _, err := e.p.Connect(netip.MustParseAddrPort(fmt.Sprintf("10.99.0.1:%d", kernelPort)), ep, 5*time.Second); err != nil {
+		t.Fatalf("connect through the gateway: %v", err)
+	}
+	_ = ln.SetDeadline(time.Now().Add(10 * time.Second))
+	conn, err := ln.AcceptTCP()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(time.Minute))
+	n, err := io.Copy(io.Discard, conn)
+	if err != nil || n != total {
+		t.Fatalf("kernel received %d of %d: %v", n, total, err)
+	}
+	_, err = e.p.Connect(netip.MustParseAddrPort("198.51.100.1:9"), newEndpoint(0), time.Second)
+	if err == nil || !strings.Contains(err.Error(), "no route through") {
+		t.Fatalf("connect without a route: %v", err)
 	}
 }

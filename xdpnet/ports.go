@@ -140,6 +140,13 @@ func (p *Poller) Connect(remote netip.AddrPort, h tcp.Handler, timeout time.Dura
 	if !remote.Addr().Is4() {
 		return nil, fmt.Errorf("xdpnet: connect to %v: IPv4 only", remote)
 	}
+	var routed bool
+	if err := p.Do(func(s *tcp.Stack, now tcp.Time) { _, routed = p.neigh.nextHop(now, remote.Addr()) }); err != nil {
+		return nil, err
+	}
+	if !routed {
+		return nil, fmt.Errorf("xdpnet: connect to %v: %w: no route through %s", remote, ErrNoNeighbour, p.cfg.Interface)
+	}
 	deadline := time.Now().Add(timeout)
 	for {
 		var ok bool
