@@ -131,7 +131,7 @@ func New(opts Options) (*Server, error) {
 		itx := imp
 		itx.Seed += 1 << 32
 		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true, CPUs: opts.CPUs,
-			ImpairRX: imp, ImpairTX: itx})
+			ImpairRX: imp, ImpairTX: itx, Warn: func(msg string) { opts.Logger.Warn(msg) }})
 		if err != nil {
 			return nil, fmt.Errorf("%w: xdp: %v", ErrDatapath, err)
 		}

@@ -46,6 +46,9 @@ type XDPOptions struct {
 	// ImpairRX and ImpairTX degrade every poller's link in process (see
 	// xdpnet.Config); each poller draws from its own seed.
 	ImpairRX, ImpairTX impair.Config
+	// Warn receives the pollers' warnings about the link (see
+	// xdpnet.Config.Warn).
+	Warn func(msg string)
 	// Spin is how long a poller keeps polling after its last work
 	// (xdpnet's default when 0).
 	Spin time.Duration
@@ -102,7 +105,7 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 		irx.Seed, itx.Seed = irx.Seed+uint64(2*i), itx.Seed+uint64(2*i+1)
 		p, err := xdpnet.NewPoller(xdpnet.Config{Interface: o.Interface, Queue: i, Addr: o.Addr, Steering: x.steering,
 			Group: group, TCP: o.TCP, Pin: o.Pin, CPU: cpu(i), Spin: o.Spin,
-			ImpairRX: irx, ImpairTX: itx})
+			ImpairRX: irx, ImpairTX: itx, Warn: o.Warn})
 		if err != nil {
 			return nil, err
 		}

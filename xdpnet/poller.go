@@ -134,6 +134,10 @@ type Config struct {
 	// the way tc-netem would (loss, duplication, reordering, delay), in
 	// process: the tests' bad network on kernels without sch_netem.
 	ImpairRX, ImpairTX impair.Config
+	// Warn, when not nil, receives warnings about the link meant for the
+	// operator (each at most once per poller): segments with bad TCP
+	// checksums, the sign of a peer sending with offloads on.
+	Warn func(msg string)
 	// Group, when not nil, is the group of pollers of the interface this
 	// one joins (see Group).
 	Group *Group
@@ -228,18 +232,19 @@ type Poller struct {
 	stopped  chan struct{} // closed when Run returns
 
 	// Owned by the loop.
-	stack       *tcp.Stack
-	start       time.Time
-	rxFree      *xsk.FreeList
-	txFree      *xsk.FreeList
-	inFlight    uint32 // TX frames submitted and not yet completed
-	more        bool   // Output may have more: TX frames or ring ran out
-	ipID        uint16
-	flows       map[tcp.FourTuple]*flow
-	listens     map[uint16]*listen
-	lastSweep   tcp.Time
-	stats       Stats
-	statsShadow atomic.Pointer[Stats] // published for Stats from other goroutines
+	stack          *tcp.Stack
+	start          time.Time
+	rxFree         *xsk.FreeList
+	txFree         *xsk.FreeList
+	inFlight       uint32 // TX frames submitted and not yet completed
+	more           bool   // Output may have more: TX frames or ring ran out
+	ipID           uint16
+	flows          map[tcp.FourTuple]*flow
+	listens        map[uint16]*listen
+	lastSweep      tcp.Time
+	warnedChecksum bool
+	stats          Stats
+	statsShadow    atomic.Pointer[Stats] // published for Stats from other goroutines
 }
 
 type call struct {
@@ -362,6 +367,21 @@ func defaultSpin() time.Duration {
 		return 50 * time.Microsecond
 	}
 	return 2 * time.Microsecond
+}
+
+// checkOffloads warns, once, when the Stack starts dropping segments for
+// their TCP checksum: a veth peer (or any sender) with TX checksum offload,
+// TSO or GSO on hands over partial checksums and super-packets, which
+// nothing on this path completes. Corruption on a real wire looks the
+// same but is rare; a run of them is the offloads.
+func (p *Poller) checkOffloads() {
+	bad := p.stack.Stats.BadChecksum
+	if p.warnedChecksum || bad < 3 || p.cfg.Warn == nil {
+		return
+	}
+	p.warnedChecksum = true
+	p.cfg.Warn(fmt.Sprintf("%s queue %d: %d TCP segments dropped for bad checksums: the peer probably sends with offloads on "+
+		"(on a veth peer: ethtool -K PEER tx off tso off gso off)", p.cfg.Interface, p.cfg.Queue, bad))
 }
 
 // Check says, in words, what makes the interface unusable for cfg, before
@@ -555,6 +575,7 @@ func (p *Poller) turn() (bool, error) {
 		p.lastSweep = now
 		p.stats.NetlinkEvents += uint64(p.neigh.follow())
 		p.sweep(now)
+		p.checkOffloads()
 		p.publishStats()
 	}
 	return work, nil

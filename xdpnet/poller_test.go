@@ -533,3 +533,44 @@ func TestPollerRoutedPeer(t *testing.T) {
 		t.Fatalf("connect without a route: %v", err)
 	}
 }
+
+// A veth peer with its offloads on sends partial checksums: the Stack
+// drops those segments, and the poller says why, once, in words an
+// operator can act on.
+func TestPollerWarnsAboutPeerOffloads(t *testing.T) {
+	tp := topology.NewTest(t, topology.Options{MTU: 1500, Offloads: true})
+	warned := make(chan string, 4)
+	var p *xdpnet.Poller
+	if err := tp.B.Do(func() error {
+		var err error
+		p, err = xdpnet.NewPoller(xdpnet.Config{Interface: tp.B.Link, Addr: tp.B.Addr.Addr(), Mode: bpf.ModeNative,
+			TCP: tcp.Options{TimeWait: testTimeWait}, Warn: func(m string) { warned <- m }})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	defer func() { cancel(); <-done; p.Close() }()
+	if _, err := p.Listen(enginePort, newEndpoint(0)); err != nil {
+		t.Fatal(err)
+	}
+	// The kernel's SYNs (and their retries) carry partial checksums.
+	go tp.A.Do(func() error {
+		c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), enginePort).String(), 8*time.Second)
+		if err == nil {
+			c.Close()
+		}
+		return nil
+	})
+	select {
+	case m := <-warned:
+		if !strings.Contains(m, "offloads on") || !strings.Contains(m, "ethtool -K") {
+			t.Fatalf("warning %q", m)
+		}
+		t.Logf("warning: %s", m)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("no warning; poller %+v", p.Stats())
+	}
+}
