@@ -9,6 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
 SIZE=${SIZE:-268435456}
+DATAPATH=${DATAPATH:-kernel}
 bin=$(mktemp -d /tmp/softrnic-demo.XXXXXX)
 pids=()
 name=srndemo$$
@@ -49,10 +50,16 @@ fi
 sock_a=$bin/a.sock sock_b=$bin/b.sock
 port=$((20000 + RANDOM % 20000))
 
-echo "== softrnicd in each host"
-"${run_a[@]}" "$bin/softrnicd" --iface "$iface_a" --socket "$sock_a" --log-level warn &
+dp_a=() dp_b=()
+if [ "$DATAPATH" = xdp ]; then
+	[ ${#run_a[@]} -gt 0 ] || { echo "demo: DATAPATH=xdp needs root (namespaces, XDP)" >&2; exit 1; }
+	# Each host's poller on a CPU of its own, as on two machines.
+	dp_a=(--datapath xdp --cpus 0) dp_b=(--datapath xdp --cpus "$(($(nproc) > 1 ? 1 : 0))")
+fi
+echo "== softrnicd in each host ($DATAPATH datapath)"
+"${run_a[@]}" "$bin/softrnicd" --iface "$iface_a" --socket "$sock_a" --log-level warn "${dp_a[@]}" &
 pids+=($!)
-"${run_b[@]}" "$bin/softrnicd" --iface "$iface_b" --socket "$sock_b" --log-level warn &
+"${run_b[@]}" "$bin/softrnicd" --iface "$iface_b" --socket "$sock_b" --log-level warn "${dp_b[@]}" &
 pids+=($!)
 wait_socket "$sock_a"
 wait_socket "$sock_b"
