@@ -12,6 +12,7 @@ import (
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
+	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/tcp"
 )
@@ -159,5 +160,67 @@ func TestPerProcessorCompletions(t *testing.T) {
 	t.Logf("B: %d frames handed between pollers, %d dropped while a connection moved", handed, moving)
 	if handed == 0 {
 		t.Error("no frame was handed over to the owning poller")
+	}
+}
+
+// A graceful disconnect whose peer never sends its FIN ends anyway: after
+// closeTimeout the connection is reset and the QP reports Broken, as on the
+// kernel datapath. The peer is a bare kernel socket that answers the MPA
+// Request by hand and then only holds the connection.
+func TestEngineCloseTimeout(t *testing.T) {
+	tp := topology.NewTest(t, topology.Options{})
+	a := newXDPSide(t, tp.A, bpf.ModeNative, 1)
+	var ln net.Listener
+	if err := tp.B.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		req, err := readFrame(c, false)
+		if err != nil {
+			c.Close()
+			return
+		}
+		reply, _, err := (&mpa.Config{}).Accept(&req)
+		if err == nil {
+			wire, _ := reply.Append(nil)
+			_, _ = c.Write(wire)
+		}
+		held <- c // never closed before the test ends
+	}()
+	q, _, _ := a.qp(t, 0)
+	if _, err := q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	peer := <-held
+	defer peer.Close()
+	if ev := <-q.Events(); ev.Kind != Established {
+		t.Fatalf("first event %v", ev)
+	}
+	start := time.Now()
+	q.Disconnect(true)
+	select {
+	case ev := <-q.Events():
+		if ev.Kind != Broken {
+			t.Fatalf("event %v, want broken", ev)
+		}
+		if d := time.Since(start); d < closeTimeout-100*time.Millisecond {
+			t.Fatalf("broken after %v, before closeTimeout", d)
+		}
+	case <-time.After(closeTimeout + 10*time.Second):
+		t.Fatal("the QP still waits for a FIN that never comes")
+	}
+	if !q.Ended() {
+		t.Fatal("QP not ended")
 	}
 }

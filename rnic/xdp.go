@@ -349,6 +349,21 @@ func (ec *engineConn) serve() {
 	c.Kick()
 }
 
+// closeTimedOut ends a graceful disconnect the peer has not completed
+// within closeTimeout: the connection is reset and the QP's remaining work
+// flushed, as the kernel datapath's transmit loop does.
+func (ec *engineConn) closeTimedOut(q *QP) {
+	q.mu.Lock()
+	if q.ec != ec || q.eng.Ended() {
+		q.mu.Unlock()
+		return
+	}
+	q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
+	q.abort = true
+	q.mu.Unlock()
+	ec.kick()
+}
+
 // connectEngine is Connect on the accelerated datapath: the TCP engine of
 // the QP's poller opens the connection and MPA startup runs in its
 // callbacks.
