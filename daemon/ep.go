@@ -289,6 +289,7 @@ func (s *session) connect(req *ctl.Connect) error {
 	e.state = ctl.EPActivePending
 	e.remote = ap.String()
 	q := e.qp
+	s.drainRQ(e) // receives posted before connecting, as at accept
 	s.mu.Unlock()
 	timeout := time.Duration(req.TimeoutUS) * time.Microsecond
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}}
@@ -537,6 +538,9 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 	target.peerPD = c.req.PrivateData
 	delete(s.objects, c.h)
 	q := target.qp
+	// Receives the client posted before accepting must be in the QP
+	// before the peer's first Send can arrive: iWARP has no RNR retry.
+	s.drainRQ(target)
 	s.mu.Unlock()
 	if err := c.req.Accept(q, req.PrivateData); err != nil {
 		s.mu.Lock()

@@ -169,6 +169,10 @@ func (s *session) drainSQ(e *ep) bool {
 		if slot == nil {
 			break
 		}
+		// A receive the client posted before this Send may have
+		// reached its ring after drainRQ looked: take it first, or the
+		// peer's answer to the Send could find no buffer.
+		s.drainRQ(e)
 		sqe := shm.DecodeSQE(slot)
 		wr, err := toSendWR(&sqe, e.sgl[:])
 		if err == nil {
