@@ -21,7 +21,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -333,14 +332,18 @@ func (b *bench) softrnic(datapath string) (Softrnc, error) {
 		}
 	}()
 	sock := map[string]string{"a": filepath.Join(dir, "a.sock"), "b": filepath.Join(dir, "b.sock")}
-	for i, h := range []struct {
+	for _, h := range []struct {
 		host topology.Host
 		key  string
 	}{{b.net.A, "a"}, {b.net.B, "b"}} {
-		// The two hosts share this machine: each host's poller gets a
-		// CPU of its own, as it would on hosts of their own.
+		// The two hosts share this machine, and everything else — the
+		// applications, the daemons' sessions, the kernel's softirq
+		// work for both veth ends — needs a CPU the pollers leave
+		// alone: both hosts' pollers share CPU 0. Measured on two
+		// cores, a 64 KiB Write stream ran at 430-457 MB/s that way and
+		// at 130 MB/s with a poller pinned on each CPU.
 		d := h.host.Command(filepath.Join(b.bin, "softrnicd"), "--iface", h.host.Link, "--socket", sock[h.key], "--log-level", "warn",
-			"--datapath", datapath, "--cpus", strconv.Itoa(i%runtime.NumCPU()))
+			"--datapath", datapath, "--cpus", "0")
 		d.Stderr = os.Stderr
 		if err := d.Start(); err != nil {
 			return k, err
