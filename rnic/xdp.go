@@ -94,6 +94,9 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := xdpnet.CheckCoalescing(o.Interface, x.steering.Mode()); err != nil {
+		return nil, err
+	}
 	cpu := func(i int) int {
 		if len(o.CPUs) > 0 {
 			return o.CPUs[i%len(o.CPUs)]

@@ -350,6 +350,9 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 		}
 		p.ownSteer = true
 	}
+	if err := CheckCoalescing(cfg.Interface, p.steering.Mode()); err != nil {
+		return nil, err
+	}
 	if err := p.steering.SetSocket(cfg.Queue, p.sock.FD()); err != nil {
 		return nil, fmt.Errorf("xdpnet: %w", err)
 	}
@@ -826,4 +829,41 @@ func RXQueues(ifname string) int {
 		return 1
 	}
 	return max(int(ch[5]), int(ch[8]), 1)
+}
+
+// CheckCoalescing refuses generic XDP on an interface that coalesces what
+// it receives (GRO or LRO on): generic XDP runs after GRO, so the program
+// would see super-packets that no AF_XDP frame holds, and the RNIC's
+// connections would stall on drops. Native XDP runs before GRO.
+func CheckCoalescing(ifname string, mode bpf.Mode) error {
+	if mode != bpf.ModeGeneric {
+		return nil
+	}
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil
+	}
+	defer unix.Close(fd)
+	get := func(cmd uint32) (uint32, bool) {
+		v := [2]uint32{cmd, 0} // struct ethtool_value
+		var ifr struct {
+			name [unix.IFNAMSIZ]byte
+			data uintptr
+			_    [16]byte
+		}
+		copy(ifr.name[:], ifname)
+		ifr.data = uintptr(unsafe.Pointer(&v))
+		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
+		return v[1], errno == 0
+	}
+	const ethFlagLRO = 1 << 15
+	if gro, ok := get(unix.ETHTOOL_GGRO); ok && gro != 0 {
+		return fmt.Errorf("%w: generic XDP on %s with GRO on: coalesced segments do not fit AF_XDP frames; "+
+			"turn it off (ethtool -K %s gro off) or use native XDP", ErrInterface, ifname, ifname)
+	}
+	if flags, ok := get(unix.ETHTOOL_GFLAGS); ok && flags&ethFlagLRO != 0 {
+		return fmt.Errorf("%w: generic XDP on %s with LRO on: coalesced segments do not fit AF_XDP frames; "+
+			"turn it off (ethtool -K %s lro off) or use native XDP", ErrInterface, ifname, ifname)
+	}
+	return nil
 }

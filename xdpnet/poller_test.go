@@ -356,6 +356,28 @@ func TestPollerConfigErrors(t *testing.T) {
 			t.Logf("%s: %v", c.name, err)
 		}
 	}
+	// GRO on: generic XDP is refused with the fix in words, native runs.
+	if out, err := tp.B.Command("ethtool", "-K", tp.B.Link, "gro", "on").CombinedOutput(); err != nil {
+		t.Fatalf("gro on: %v: %s", err, out)
+	}
+	for _, mode := range []bpf.Mode{bpf.ModeGeneric, bpf.ModeNative} {
+		err := tp.B.Do(func() error {
+			p, err := xdpnet.NewPoller(xdpnet.Config{Interface: tp.B.Link, Addr: tp.B.Addr.Addr(), Mode: mode})
+			if err == nil {
+				p.Close()
+			}
+			return err
+		})
+		switch {
+		case mode == bpf.ModeGeneric && (!errors.Is(err, xdpnet.ErrInterface) || !strings.Contains(err.Error(), "gro off")):
+			t.Errorf("generic XDP with GRO on: %v", err)
+		case mode == bpf.ModeNative && err != nil:
+			t.Errorf("native XDP with GRO on: %v", err)
+		}
+	}
+	if out, err := tp.B.Command("ethtool", "-K", tp.B.Link, "gro", "off").CombinedOutput(); err != nil {
+		t.Fatalf("gro off: %v: %s", err, out)
+	}
 	if out, err := tp.B.Command("ip", "link", "set", tp.B.Link, "down").CombinedOutput(); err != nil {
 		t.Fatalf("link down: %v: %s", err, out)
 	}
