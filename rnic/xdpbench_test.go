@@ -13,25 +13,50 @@ import (
 	"github.com/softrnic/softrnic/tcp"
 )
 
+// benchSide is a device on the accelerated datapath with one poller, both
+// hosts' pollers on CPU 0 (see softrnic-bench for why).
+func benchSide(b *testing.B, h topology.Host) *xdpSide {
+	var d *Device
+	if err := h.Do(func() error {
+		var err error
+		d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{0}})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	pd, err := d.AllocPD()
+	if err != nil {
+		b.Fatal(err)
+	}
+	return &xdpSide{dev: d, pd: pd}
+}
+
+// benchConnect connects qa (on A) to qb, accepted on srv (B).
+func benchConnect(b *testing.B, tp *topology.Pair, srv *xdpSide, qa, qb *QP) {
+	addr := net.JoinHostPort(tp.B.Addr.Addr().String(), "4791")
+	ln, err := srv.dev.Listen(addr, ListenOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err == nil {
+			_ = cr.Accept(qb, nil)
+		}
+	}()
+	if _, err := qa.Connect(context.Background(), addr, ConnectOptions{Timeout: 5 * time.Second}); err != nil {
+		b.Fatal(err)
+	}
+}
+
 // BenchmarkXDPWrite streams 64 KiB RDMA Writes between two devices on the
-// accelerated datapath (one poller each, on CPUs of their own), 32
+// accelerated datapath (one poller each), 32
 // outstanding, without the daemon: the engine's own bandwidth.
 func BenchmarkXDPWrite(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
-	side := func(h topology.Host, cpu int) *xdpSide {
-		var d *Device
-		if err := h.Do(func() error {
-			var err error
-			d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{cpu}})
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { d.Close() })
-		pd, _ := d.AllocPD()
-		return &xdpSide{dev: d, pd: pd}
-	}
-	a, bb := side(tp.A, 0), side(tp.B, 1)
+	a, bb := benchSide(b, tp.A), benchSide(b, tp.B)
 	mk := func(s *xdpSide) (*QP, *completion.CQ) {
 		scq, _ := s.dev.CreateCQ(4096, 0)
 		rcq, _ := s.dev.CreateCQ(4096, 0)
@@ -43,20 +68,7 @@ func BenchmarkXDPWrite(b *testing.B) {
 	}
 	qa, scq := mk(a)
 	qb, _ := mk(bb)
-	ln, err := bb.dev.Listen(net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ListenOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		cr, err := ln.Accept(context.Background())
-		if err == nil {
-			_ = cr.Accept(qb, nil)
-		}
-	}()
-	if _, err := qa.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
-		b.Fatal(err)
-	}
+	benchConnect(b, tp, bb, qa, qb)
 	const size = 64 << 10
 	src, _ := a.dev.RegisterMR(a.pd, make([]byte, size), 0, 0)
 	dst, _ := bb.dev.RegisterMR(bb.pd, make([]byte, size), 0, qp.LocalWrite|qp.RemoteWrite)
@@ -100,20 +112,7 @@ func BenchmarkXDPWrite(b *testing.B) {
 // with GOMAXPROCS above the CPU count: the pinned pollers hold their Ps.
 func BenchmarkXDPSendLatency(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
-	side := func(h topology.Host, cpu int) *xdpSide {
-		var d *Device
-		if err := h.Do(func() error {
-			var err error
-			d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{cpu}})
-			return err
-		}); err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { d.Close() })
-		pd, _ := d.AllocPD()
-		return &xdpSide{dev: d, pd: pd}
-	}
-	a, bb := side(tp.A, 0), side(tp.B, 1)
+	a, bb := benchSide(b, tp.A), benchSide(b, tp.B)
 	type end struct {
 		q        *QP
 		scq, rcq *completion.CQ
@@ -135,20 +134,7 @@ func BenchmarkXDPSendLatency(b *testing.B) {
 			must(b, e.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
 		}
 	}
-	ln, err := bb.dev.Listen(net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ListenOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		cr, err := ln.Accept(context.Background())
-		if err == nil {
-			_ = cr.Accept(eb.q, nil)
-		}
-	}()
-	if _, err := ea.q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
-		b.Fatal(err)
-	}
+	benchConnect(b, tp, bb, ea.q, eb.q)
 	send := func(e *end) {
 		must(b, e.q.PostSend(&qp.SendWR{Op: qp.OpSend, Flags: qp.Inline, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
 	}

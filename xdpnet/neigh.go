@@ -2,6 +2,7 @@ package xdpnet
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net/netip"
 	"time"
@@ -110,14 +111,7 @@ func (n *neighbours) follow() int {
 			}
 			return count
 		}
-		b := n.buf[:k]
-		for len(b) >= unix.SizeofNlMsghdr {
-			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
-				break
-			}
-			msg := b[unix.SizeofNlMsghdr:h.Len]
-			b = b[min(len(b), nlAlign(int(h.Len))):]
+		nlEach(n.buf[:k], func(h *unix.NlMsghdr, msg []byte) {
 			count++
 			switch h.Type {
 			case unix.RTM_NEWROUTE, unix.RTM_DELROUTE:
@@ -125,7 +119,7 @@ func (n *neighbours) follow() int {
 				n.last = nil
 			case unix.RTM_NEWNEIGH, unix.RTM_DELNEIGH:
 				if len(msg) < unix.SizeofNdMsg {
-					continue
+					return
 				}
 				if dst, ok := attr4(msg[unix.SizeofNdMsg:], unix.NDA_DST); ok {
 					if e := n.cache[dst]; e != nil {
@@ -133,7 +127,7 @@ func (n *neighbours) follow() int {
 					}
 				}
 			}
-		}
+		})
 	}
 }
 
@@ -144,17 +138,25 @@ func (n *neighbours) forget() {
 	n.last = nil
 }
 
-// attr4 finds an IPv4 address attribute of type typ.
-func attr4(attrs []byte, typ uint16) (netip.Addr, bool) {
+// attr finds the attribute of type typ in a netlink attribute list.
+func attr(attrs []byte, typ uint16) ([]byte, bool) {
 	for len(attrs) >= unix.SizeofRtAttr {
 		at := (*unix.RtAttr)(unsafe.Pointer(&attrs[0]))
 		if at.Len < unix.SizeofRtAttr || int(at.Len) > len(attrs) {
 			break
 		}
-		if at.Type == typ && at.Len == unix.SizeofRtAttr+4 {
-			return netip.AddrFrom4([4]byte(attrs[unix.SizeofRtAttr:at.Len])), true
+		if at.Type == typ {
+			return attrs[unix.SizeofRtAttr:at.Len], true
 		}
 		attrs = attrs[min(len(attrs), nlAlign(int(at.Len))):]
+	}
+	return nil, false
+}
+
+// attr4 finds an IPv4 address attribute of type typ.
+func attr4(attrs []byte, typ uint16) (netip.Addr, bool) {
+	if b, ok := attr(attrs, typ); ok && len(b) == 4 {
+		return netip.AddrFrom4([4]byte(b)), true
 	}
 	return netip.Addr{}, false
 }
@@ -227,146 +229,124 @@ const usableNUD = unix.NUD_REACHABLE | unix.NUD_STALE | unix.NUD_DELAY | unix.NU
 // (RTM_GETNEIGH with NDA_DST, Linux 5.0+). ok is false when there is none
 // or it is not usable (incomplete, failed).
 func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
-	n.seq++
 	a4 := addr.As4()
 	const attrLen = unix.SizeofRtAttr + 4
-	msgLen := unix.SizeofNlMsghdr + unix.SizeofNdMsg + attrLen
 	req := n.req[:]
-	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
-		Len: uint32(msgLen), Type: unix.RTM_GETNEIGH, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
-	}
 	*(*unix.NdMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.NdMsg{
 		Family: unix.AF_INET, Ifindex: int32(n.ifindex),
 	}
 	off := unix.SizeofNlMsghdr + unix.SizeofNdMsg
 	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.NDA_DST}
 	copy(req[off+unix.SizeofRtAttr:], a4[:])
-	if err := unix.Sendto(n.fd, req, 0, &n.kernel); err != nil {
-		return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", err)
+	msg, errno, err := n.roundTrip(req, unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH)
+	switch {
+	case err != nil:
+		return mac, false, fmt.Errorf("xdpnet: neighbour: %w", err)
+	case errno == unix.ENOENT:
+		return mac, false, nil
+	case errno != 0:
+		return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", errno)
+	case len(msg) < unix.SizeofNdMsg:
+		return mac, false, fmt.Errorf("xdpnet: neighbour answer too short")
 	}
-	for range 8 { // skip stale answers to earlier, timed-out requests
-		k, _, err := unix.Recvfrom(n.fd, n.buf, 0)
-		if err != nil {
-			return mac, false, fmt.Errorf("xdpnet: neighbour answer: %w", err)
-		}
-		b := n.buf[:k]
-		for len(b) >= unix.SizeofNlMsghdr {
-			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
-				return mac, false, fmt.Errorf("xdpnet: neighbour answer: bad length %d", h.Len)
-			}
-			msg := b[unix.SizeofNlMsghdr:h.Len]
-			b = b[min(len(b), nlAlign(int(h.Len))):]
-			if h.Seq != n.seq {
-				continue
-			}
-			switch h.Type {
-			case unix.NLMSG_ERROR:
-				if len(msg) >= 4 {
-					if e := int32(binary.NativeEndian.Uint32(msg)); e != 0 {
-						if unix.Errno(-e) == unix.ENOENT {
-							return mac, false, nil
-						}
-						return mac, false, fmt.Errorf("xdpnet: neighbour request: %w", unix.Errno(-e))
-					}
-				}
-				return mac, false, nil
-			case unix.RTM_NEWNEIGH:
-				if len(msg) < unix.SizeofNdMsg {
-					return mac, false, fmt.Errorf("xdpnet: neighbour answer too short")
-				}
-				nd := (*unix.NdMsg)(unsafe.Pointer(&msg[0]))
-				if nd.State&usableNUD == 0 {
-					return mac, false, nil
-				}
-				attrs := msg[unix.SizeofNdMsg:]
-				for len(attrs) >= unix.SizeofRtAttr {
-					at := (*unix.RtAttr)(unsafe.Pointer(&attrs[0]))
-					if at.Len < unix.SizeofRtAttr || int(at.Len) > len(attrs) {
-						break
-					}
-					if at.Type == unix.NDA_LLADDR && at.Len == unix.SizeofRtAttr+6 {
-						copy(mac[:], attrs[unix.SizeofRtAttr:at.Len])
-						return mac, true, nil
-					}
-					attrs = attrs[min(len(attrs), nlAlign(int(at.Len))):]
-				}
-				return mac, false, nil
-			}
-		}
+	nd := (*unix.NdMsg)(unsafe.Pointer(&msg[0]))
+	if nd.State&usableNUD == 0 {
+		return mac, false, nil
 	}
-	return mac, false, fmt.Errorf("xdpnet: neighbour answer: none with sequence %d", n.seq)
+	if b, ok := attr(msg[unix.SizeofNdMsg:], unix.NDA_LLADDR); ok && len(b) == 6 {
+		return [6]byte(b), true, nil
+	}
+	return mac, false, nil
 }
-
-func nlAlign(n int) int { return (n + 3) &^ 3 }
 
 // queryRoute asks the kernel how it would send to addr (RTM_GETROUTE): the
 // next hop (the gateway, or addr on the link) and the output interface.
 func (n *neighbours) queryRoute(addr netip.Addr) (hop netip.Addr, oif int, err error) {
-	n.seq++
 	a4 := addr.As4()
 	const attrLen = unix.SizeofRtAttr + 4
-	msgLen := unix.SizeofNlMsghdr + unix.SizeofRtMsg + attrLen
 	var req [unix.SizeofNlMsghdr + unix.SizeofRtMsg + attrLen]byte
-	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
-		Len: uint32(msgLen), Type: unix.RTM_GETROUTE, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
-	}
 	*(*unix.RtMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.RtMsg{Family: unix.AF_INET, Dst_len: 32}
 	off := unix.SizeofNlMsghdr + unix.SizeofRtMsg
 	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.RTA_DST}
 	copy(req[off+unix.SizeofRtAttr:], a4[:])
-	if err := unix.Sendto(n.fd, req[:], 0, &n.kernel); err != nil {
-		return hop, 0, fmt.Errorf("xdpnet: route request: %w", err)
+	msg, errno, err := n.roundTrip(req[:], unix.RTM_GETROUTE, unix.RTM_NEWROUTE)
+	switch {
+	case err != nil:
+		return hop, 0, fmt.Errorf("xdpnet: route: %w", err)
+	case errno != 0:
+		return hop, 0, fmt.Errorf("xdpnet: no route to %v: %w", addr, errno)
+	case len(msg) < unix.SizeofRtMsg:
+		return hop, 0, fmt.Errorf("xdpnet: route answer too short")
+	}
+	attrs := msg[unix.SizeofRtMsg:]
+	hop = addr
+	if gw, ok := attr4(attrs, unix.RTA_GATEWAY); ok {
+		hop = gw
+	}
+	if b, ok := attr(attrs, unix.RTA_OIF); ok && len(b) == 4 {
+		oif = int(binary.NativeEndian.Uint32(b))
+	}
+	return hop, oif, nil
+}
+
+// roundTrip sends a request whose header roundTrip fills in (type typ,
+// the next sequence number) and returns the payload of the answer of type
+// want, or the errno of an NLMSG_ERROR answer. Answers to earlier requests
+// that timed out are skipped.
+func (n *neighbours) roundTrip(req []byte, typ, want uint16) (msg []byte, errno unix.Errno, err error) {
+	n.seq++
+	*(*unix.NlMsghdr)(unsafe.Pointer(&req[0])) = unix.NlMsghdr{
+		Len: uint32(len(req)), Type: typ, Flags: unix.NLM_F_REQUEST, Seq: n.seq,
+	}
+	if err := unix.Sendto(n.fd, req, 0, &n.kernel); err != nil {
+		return nil, 0, fmt.Errorf("request: %w", err)
 	}
 	for range 8 {
 		k, _, err := unix.Recvfrom(n.fd, n.buf, 0)
 		if err != nil {
-			return hop, 0, fmt.Errorf("xdpnet: route answer: %w", err)
+			return nil, 0, fmt.Errorf("answer: %w", err)
 		}
-		b := n.buf[:k]
-		for len(b) >= unix.SizeofNlMsghdr {
-			h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
-			if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
-				return hop, 0, fmt.Errorf("xdpnet: route answer: bad length %d", h.Len)
-			}
-			msg := b[unix.SizeofNlMsghdr:h.Len]
-			b = b[min(len(b), nlAlign(int(h.Len))):]
-			if h.Seq != n.seq {
-				continue
+		done := false
+		if !nlEach(n.buf[:k], func(h *unix.NlMsghdr, m []byte) {
+			if done || h.Seq != n.seq {
+				return
 			}
 			switch h.Type {
 			case unix.NLMSG_ERROR:
-				if len(msg) >= 4 {
-					if e := int32(binary.NativeEndian.Uint32(msg)); e != 0 {
-						return hop, 0, fmt.Errorf("xdpnet: no route to %v: %w", addr, unix.Errno(-e))
-					}
+				done = true
+				if len(m) >= 4 {
+					errno = unix.Errno(-int32(binary.NativeEndian.Uint32(m)))
 				}
-				return hop, 0, fmt.Errorf("xdpnet: no route to %v", addr)
-			case unix.RTM_NEWROUTE:
-				if len(msg) < unix.SizeofRtMsg {
-					return hop, 0, fmt.Errorf("xdpnet: route answer too short")
+				if errno == 0 {
+					errno = unix.ENOENT // an acknowledgement, no answer
 				}
-				attrs := msg[unix.SizeofRtMsg:]
-				hop = addr
-				if gw, ok := attr4(attrs, unix.RTA_GATEWAY); ok {
-					hop = gw
-				}
-				for a := attrs; len(a) >= unix.SizeofRtAttr; {
-					at := (*unix.RtAttr)(unsafe.Pointer(&a[0]))
-					if at.Len < unix.SizeofRtAttr || int(at.Len) > len(a) {
-						break
-					}
-					if at.Type == unix.RTA_OIF && at.Len == unix.SizeofRtAttr+4 {
-						oif = int(binary.NativeEndian.Uint32(a[unix.SizeofRtAttr:]))
-					}
-					a = a[min(len(a), nlAlign(int(at.Len))):]
-				}
-				return hop, oif, nil
+			case want:
+				done, msg = true, m
 			}
+		}) {
+			return nil, 0, errors.New("answer: bad length")
+		}
+		if done {
+			return msg, errno, nil
 		}
 	}
-	return hop, 0, fmt.Errorf("xdpnet: route answer: none with sequence %d", n.seq)
+	return nil, 0, fmt.Errorf("answer: none with sequence %d", n.seq)
 }
+
+// nlEach calls fn with each netlink message in b; false if b is malformed.
+func nlEach(b []byte, fn func(h *unix.NlMsghdr, msg []byte)) bool {
+	for len(b) >= unix.SizeofNlMsghdr {
+		h := (*unix.NlMsghdr)(unsafe.Pointer(&b[0]))
+		if h.Len < unix.SizeofNlMsghdr || int(h.Len) > len(b) {
+			return false
+		}
+		fn(h, b[unix.SizeofNlMsghdr:h.Len])
+		b = b[min(len(b), nlAlign(int(h.Len))):]
+	}
+	return true
+}
+
+func nlAlign(n int) int { return (n + 3) &^ 3 }
 
 // solicit makes the kernel resolve addr: an empty UDP datagram to its
 // discard port from a kernel socket goes through the kernel's neighbour

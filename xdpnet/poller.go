@@ -809,26 +809,34 @@ func (p *Poller) release() error {
 // thread's network namespace (ETHTOOL_GCHANNELS: the rx or combined
 // channels), 1 when the driver does not say.
 func RXQueues(ifname string) int {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 1
-	}
-	defer unix.Close(fd)
 	// struct ethtool_channels: cmd, then max and current rx, tx, other,
 	// combined counts.
-	var ch [9]uint32
-	ch[0] = unix.ETHTOOL_GCHANNELS
+	ch := [9]uint32{unix.ETHTOOL_GCHANNELS}
+	if ethtool(ifname, unsafe.Pointer(&ch)) != nil {
+		return 1
+	}
+	return max(int(ch[5]), int(ch[8]), 1)
+}
+
+// ethtool runs one SIOCETHTOOL request on ifname; data points at the
+// command's structure, its first word the command.
+func ethtool(ifname string, data unsafe.Pointer) error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
 	var ifr struct {
 		name [unix.IFNAMSIZ]byte
 		data uintptr
 		_    [16]byte
 	}
 	copy(ifr.name[:], ifname)
-	ifr.data = uintptr(unsafe.Pointer(&ch))
+	ifr.data = uintptr(data)
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return 1
+		return errno
 	}
-	return max(int(ch[5]), int(ch[8]), 1)
+	return nil
 }
 
 // CheckCoalescing refuses generic XDP on an interface that coalesces what
@@ -839,22 +847,10 @@ func CheckCoalescing(ifname string, mode bpf.Mode) error {
 	if mode != bpf.ModeGeneric {
 		return nil
 	}
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil
-	}
-	defer unix.Close(fd)
 	get := func(cmd uint32) (uint32, bool) {
 		v := [2]uint32{cmd, 0} // struct ethtool_value
-		var ifr struct {
-			name [unix.IFNAMSIZ]byte
-			data uintptr
-			_    [16]byte
-		}
-		copy(ifr.name[:], ifname)
-		ifr.data = uintptr(unsafe.Pointer(&v))
-		_, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr)))
-		return v[1], errno == 0
+		err := ethtool(ifname, unsafe.Pointer(&v))
+		return v[1], err == nil
 	}
 	const ethFlagLRO = 1 << 15
 	if gro, ok := get(unix.ETHTOOL_GGRO); ok && gro != 0 {
