@@ -22,7 +22,8 @@ import (
 func build(t *testing.T, dir string) {
 	t.Helper()
 	gobin := testenv.RequireTool(t, "go")
-	cmd := exec.Command(gobin, "build", "-o", dir+"/", "github.com/softrnic/softrnic/cmd/softrnicd", "github.com/softrnic/softrnic/cmd/softrnic-example")
+	cmd := exec.Command(gobin, "build", "-o", dir+"/", "github.com/softrnic/softrnic/cmd/softrnicd", "github.com/softrnic/softrnic/cmd/softrnic-example",
+		"github.com/softrnic/softrnic/cmd/softrnic-perf")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
@@ -163,6 +164,40 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 		}
 	}
 	t.Logf("%d pairs, %d MiB moved and verified in %v", pairs, pairs*2*size>>20, elapsed.Round(time.Millisecond))
+	if args[0] != nil || args[1] != nil {
+		everyOperation(t, net, dir, sockA, sockB)
+	}
+}
+
+// everyOperation runs the operations the example pair does not, verified,
+// with softrnic-perf between the two daemons: Fetch-and-Add (each result
+// checked), Sends (each checked by the server) and Reads (compared).
+func everyOperation(t *testing.T, net *topology.Pair, dir, sockA, sockB string) {
+	t.Helper()
+	for i, tc := range [][]string{
+		{"atomic_lat", "-n", "2000"},
+		{"send_bw", "-s", "1024", "-n", "20000"},
+		{"send_lat", "-s", "64", "-n", "1000"},
+		{"read_bw", "-s", "65536", "-n", "500"},
+	} {
+		port := fmt.Sprint(19100 + i)
+		args := append(append([]string{filepath.Join(dir, "softrnic-perf")}, tc...), "--verify", "-p", port, "--timeout", "60s")
+		var out bytes.Buffer
+		srv := net.B.Command("timeout", append([]string{"90"}, append(args, "--socket", sockB)...)...)
+		srv.Stdout, srv.Stderr = &out, &out
+		if err := srv.Start(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		cli := net.A.Command("timeout", append([]string{"90"}, append(args, "--socket", sockA, net.B.Addr.Addr().String())...)...)
+		cout, err := cli.CombinedOutput()
+		if err != nil {
+			t.Errorf("%s: client: %v\n%s", tc[0], err, cout)
+		}
+		if err := srv.Wait(); err != nil {
+			t.Errorf("%s: server: %v\n%s", tc[0], err, out.String())
+		}
+	}
 }
 
 // startDaemon runs softrnicd on a host and waits for its socket.
@@ -206,10 +241,6 @@ func TestXDPDaemonKilled(t *testing.T) {
 	net := topology.NewTest(t, topology.Options{})
 	dir := t.TempDir()
 	build(t, dir)
-	gobin := testenv.RequireTool(t, "go")
-	if out, err := exec.Command(gobin, "build", "-o", dir+"/", "github.com/softrnic/softrnic/cmd/softrnic-perf").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
 	da := startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
 	startDaemon(t, dir, net.B, sockB)

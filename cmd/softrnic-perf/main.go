@@ -759,6 +759,7 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 	pr := newProgress(fmt.Sprintf("%s %d B", o.test, size), o.iters, 0)
 	defer pr.end()
 	last := (*uint8)(unsafe.Pointer(&p.buf.Bytes[size-1]))
+	var first uint64 // atomic_lat --verify: the word's first value
 	if o.testNumber == sendLat {
 		for i := 0; i < 2; i++ {
 			if err := p.ep.PostRecv(uint64(i), []client.Segment{{LMR: p.lmr, Offset: uint64(o.size), Length: uint32(size)}}); err != nil {
@@ -779,6 +780,16 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 			err = p.ep.PostFetchAdd(uint64(i), client.Segment{LMR: p.lmr, Length: 8}, p.remote, 1, client.Signaled)
 			if err == nil {
 				_, err = reap(ctx, p.sends)
+			}
+			// Each Fetch-and-Add returns the word as the one before left
+			// it: the first value, plus one per earlier iteration.
+			if err == nil && o.verify {
+				got := binary.NativeEndian.Uint64(p.buf.Bytes[:8])
+				if i == 0 {
+					first = got
+				} else if got != first+uint64(i) {
+					err = fmt.Errorf("verify: Fetch-and-Add %d returned %d, want %d", i, got, first+uint64(i))
+				}
 			}
 		case sendLat:
 			err = p.ep.PostSend(uint64(i), []client.Segment{{LMR: p.lmr, Length: uint32(size)}}, client.Signaled)
