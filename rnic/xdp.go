@@ -434,10 +434,10 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 		}
 		return fail(fmt.Errorf("connect %s: %w", raddr, err))
 	}
-	ec.id = c.ID()
 	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
 	pd := clone(ec.llp.Params.PeerPrivateData)
 	q.mu.Lock()
+	ec.id = c.ID() // Addrs reads it under q.mu
 	q.post(ConnEvent{Kind: Established, PrivateData: pd})
 	q.mu.Unlock()
 	return pd, nil
