@@ -92,10 +92,25 @@ type Conn struct {
 	// lost too (as Linux's tcp_mark_lost_retrans did before RACK).
 	rxtMark      Seq
 	rxtMarkValid bool
-	sb           scoreboard
-	win          Window
-	cc           CongestionControl
-	sendProbe    bool // send a window probe or keepalive now
+	// reordering is the duplicate threshold in use: DupThresh, raised
+	// when D-SACKs show a recovery was spurious (reordering, not loss),
+	// as Linux raises tp->reordering. Zero means DupThresh.
+	reordering int
+	// Undo of a spurious fast recovery (RFC 2883 §4, Linux's DSACK
+	// undo): the window before it, and how many of its retransmissions
+	// the peer has not yet reported as duplicates.
+	undoValid              bool
+	undoRxt                int
+	undoStart, undoEnd     Seq
+	priorCwnd, priorThresh int
+	// dsack is a duplicate segment to report in the next ACK's first
+	// SACK block (RFC 2883).
+	dsack      span
+	dsackValid bool
+	sb         scoreboard
+	win        Window
+	cc         CongestionControl
+	sendProbe  bool // send a window probe or keepalive now
 
 	// needsOutput: queued on the stack's output list.
 	needsOutput bool
@@ -115,7 +130,12 @@ type ConnStats struct {
 	RTOs, DupAcksIn, SACKBlocksIn uint64
 	OutOfOrder, Dropped           uint64
 	LostRetransmits               uint64
-	ChallengeACKs, PAWSDrops      uint64
+	// DSACKsIn: duplicate reports received; SpuriousRecoveries: fast
+	// recoveries they showed unneeded, whose window was restored.
+	DSACKsIn, SpuriousRecoveries uint64
+	// Reorderings: times the duplicate threshold rose for reordering.
+	Reorderings              uint64
+	ChallengeACKs, PAWSDrops uint64
 }
 
 // ID returns the connection's addresses and ports.
@@ -243,6 +263,12 @@ func (c *Conn) terminate(err error) {
 	}
 }
 
+// thresh is the duplicate threshold: DupThresh, or more after reordering.
+func (c *Conn) thresh() int { return max(c.reordering, dupThresh) }
+
+// maxReordering bounds the duplicate threshold reordering can raise.
+const maxReordering = 16
+
 // wantOutput puts the connection on the stack's output list.
 func (c *Conn) wantOutput() { c.stack.wantOutput(c) }
 
@@ -256,7 +282,7 @@ func (c *Conn) pipe() int {
 		return c.sndNxt.Sub(c.sndUna) - c.sb.sacked
 	}
 	p := c.sndMax.Sub(c.sndUna) - c.sb.sacked
-	if lost, ok := c.sb.lostBelow(c.mss); ok {
+	if lost, ok := c.sb.lostBelow(c.mss, c.thresh()); ok {
 		from := maxSeq(c.highRxt, c.sndUna)
 		p -= c.sb.holeOctets(from, lost)
 	}
@@ -395,6 +421,7 @@ func (c *Conn) rtoFired(now Time) {
 		c.sb.reset()
 	}
 	c.inRecovery = false
+	c.undoValid = false // after a timeout, no undo
 	// RFC 6582 §4 / RFC 6675 §5.1: no fast recovery for data sent before
 	// the timeout (late SACKs for it would cut the window again).
 	c.recoverSeq, c.recoverValid = c.sndMax, true

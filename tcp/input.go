@@ -69,6 +69,7 @@ func (c *Conn) input(now Time, seg *Segment) {
 	if !c.acceptable(seg) {
 		c.Stats.Dropped++
 		if !rst {
+			c.noteDuplicate(seg)
 			if c.state == StateTimeWait && seg.has(header.TCPFlagFIN) {
 				c.twAt = now.Add(c.stack.opts.TimeWait) // a retransmitted FIN
 				c.stack.timerChanged(c)
@@ -78,6 +79,9 @@ func (c *Conn) input(now Time, seg *Segment) {
 		return
 	}
 	syn := seg.has(header.TCPFlagSYN)
+	if !rst && !syn {
+		c.noteDuplicate(seg)
+	}
 	c.trim(seg)
 
 	// Second: RST (RFC 5961 §3.2): only an exact RCV.NXT resets; any
@@ -357,12 +361,23 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		for i := 0; i < seg.Opts.NumSACK; i++ {
 			b := span{Seq(seg.Opts.SACK[i].Start), Seq(seg.Opts.SACK[i].End)}
 			c.Stats.SACKBlocksIn++
+			if i == 0 && b.start.LessThan(b.end) && c.isDSACK(b, ack, &seg.Opts) {
+				c.onDSACK(b)
+				continue
+			}
 			if !b.start.LessThan(b.end) || !ack.LessThan(b.end) || c.sndMax.LessThan(b.end) {
 				continue
 			}
 			b.start = maxSeq(b.start, ack)
+			// Data never retransmitted arriving below what the peer
+			// already holds was overtaken, not lost: reordering as
+			// deep as the gap (Linux's tcp_check_sack_reordering).
+			reordered := !c.sb.empty() && b.end.LessThan(c.sb.highest()) && !b.start.LessThan(c.highRxt)
 			if c.sb.add(b) {
 				newSACK = true
+				if reordered {
+					c.sawReordering(c.sb.highest().Sub(b.end))
+				}
 			}
 		}
 	}
@@ -377,6 +392,13 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		flightBefore := c.flight()
 		c.rttFromAck(now, seg, ack)
 		c.backoff = 0
+		// The hole at SND.UNA filled by its original transmission, with
+		// data above it SACKed and no recovery or timeout since it
+		// was sent: it was overtaken, not lost.
+		if c.sackOK && !c.sb.empty() && !c.sndUna.LessThan(c.highRxt) &&
+			!(c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) && ack.LessThan(c.sb.highest()) {
+			c.sawReordering(c.sb.highest().Sub(ack))
+		}
 		c.sndUna = ack
 		c.snd.release(minSeq(ack, c.snd.end()))
 		c.sb.release(ack)
@@ -432,7 +454,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		// Data sent after the last retransmission has arrived (by
 		// more than DupThresh segments): retransmissions still
 		// missing below HighRxt were lost; walk the holes again.
-		if c.rxtMarkValid && c.rxtMark.Add(dupThresh*c.mss).LessThan(c.sb.highest()) &&
+		if c.rxtMarkValid && c.rxtMark.Add(c.thresh()*c.mss).LessThan(c.sb.highest()) &&
 			c.sb.holeOctets(c.sndUna, c.highRxt) > 0 {
 			c.highRxt, c.rxtMarkValid = c.sndUna, false
 			c.Stats.LostRetransmits++
@@ -448,9 +470,9 @@ func (c *Conn) detectLoss(now Time) {
 	if c.inRecovery || c.flight() == 0 || !c.state.synchronized() {
 		return
 	}
-	lost := c.dupAcks >= dupThresh
+	lost := c.dupAcks >= c.thresh()
 	if !lost && c.sackOK {
-		if b, ok := c.sb.lostBelow(c.mss); ok && c.sndUna.LessThan(b) {
+		if b, ok := c.sb.lostBelow(c.mss, c.thresh()); ok && c.sndUna.LessThan(b) {
 			lost = true
 		}
 	}
@@ -460,10 +482,71 @@ func (c *Conn) detectLoss(now Time) {
 	c.inRecovery, c.recoverValid = true, true
 	c.recoverSeq = c.sndMax
 	c.highRxt = c.sndUna
+	c.undoValid, c.undoRxt = true, 0
+	c.undoStart, c.undoEnd = c.sndUna, c.sndUna
+	c.priorCwnd, c.priorThresh = c.win.Cwnd, c.win.Ssthresh
 	c.cc.OnLoss(now, c.flight())
 	c.Stats.FastRetransmits++
 	c.retransmitUna = true
 	c.quickAcks = 0
+	c.wantOutput()
+}
+
+// sawReordering raises the duplicate threshold to cover a segment that
+// was overtaken by gap octets.
+func (c *Conn) sawReordering(gap int) {
+	degree := (gap+c.mss-1)/c.mss + 1
+	if degree > c.thresh() {
+		c.reordering = min(degree, maxReordering)
+		c.Stats.Reorderings++
+	}
+}
+
+// noteDuplicate remembers the part of a data segment below RCV.NXT, which
+// the peer sent twice, for a D-SACK block in the next ACK (RFC 2883 §4).
+func (c *Conn) noteDuplicate(seg *Segment) {
+	nxt := c.rcvNxt()
+	if !c.sackOK || len(seg.Payload) == 0 || !seg.Seq.LessThan(nxt) {
+		return
+	}
+	end := minSeq(seg.Seq.Add(len(seg.Payload)), nxt)
+	c.dsack, c.dsackValid = span{seg.Seq, end}, true
+}
+
+// isDSACK reports whether the first SACK block b of an ACK reports a
+// duplicate (RFC 2883 §4): below the cumulative ACK, or inside the second
+// block.
+func (c *Conn) isDSACK(b span, ack Seq, o *header.TCPOptions) bool {
+	if b.end.LessEq(ack) {
+		return true
+	}
+	if o.NumSACK > 1 {
+		s := span{Seq(o.SACK[1].Start), Seq(o.SACK[1].End)}
+		return s.start.LessEq(b.start) && b.end.LessEq(s.end)
+	}
+	return false
+}
+
+// onDSACK takes a duplicate report. When the peer has reported every
+// segment retransmitted in the last fast recovery as a duplicate, the
+// originals had arrived: the segments were reordered, not lost. The window
+// goes back to what it was before the recovery, and the duplicate
+// threshold rises so that reordering as deep does not trigger it again.
+func (c *Conn) onDSACK(b span) {
+	c.Stats.DSACKsIn++
+	if !c.undoValid || b.start.LessThan(c.undoStart) || c.undoEnd.LessThan(b.end) {
+		return
+	}
+	c.undoRxt--
+	if c.undoRxt > 0 {
+		return
+	}
+	c.undoValid = false
+	c.Stats.SpuriousRecoveries++
+	c.win.Cwnd = max(c.win.Cwnd, c.priorCwnd)
+	c.win.Ssthresh = max(c.win.Ssthresh, c.priorThresh)
+	c.inRecovery = false
+	c.reordering = min(c.thresh()+2, maxReordering)
 	c.wantOutput()
 }
 

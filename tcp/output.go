@@ -90,18 +90,20 @@ func (c *Conn) sendData(now Time, b []byte) int {
 			c.highRxt = maxSeq(c.highRxt, c.sndUna.Add(n))
 			c.rxtMark, c.rxtMarkValid = c.sndMax, true
 			c.Stats.Retransmits++
+			c.noteRetransmit(c.sndUna.Add(n))
 			fin := c.finQueued && c.sndUna.Add(n) == c.finSeqNum() && c.finSentNow()
 			return c.sendSegment(now, b, c.sndUna, n, fin)
 		}
 	}
 	// RFC 6675 §5 (NextSeg rule 1): retransmit the first lost hole.
 	if c.inRecovery && c.pipe()+c.mss <= c.win.Cwnd {
-		if lost, ok := c.sb.lostBelow(c.mss); ok {
+		if lost, ok := c.sb.lostBelow(c.mss, c.thresh()); ok {
 			from := maxSeq(c.highRxt, c.sndUna)
 			if h, ok := c.sb.nextHole(from, minSeq(lost, c.sndNxt), maxPayload); ok {
 				c.highRxt = h.end
 				c.rxtMark, c.rxtMarkValid = c.sndMax, true
 				c.Stats.Retransmits++
+				c.noteRetransmit(h.end)
 				return c.sendSegment(now, b, h.start, h.len(), false)
 			}
 		}
@@ -118,7 +120,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		// RFC 3042 Limited Transmit (RFC 5681 §3.2): on the first two
 		// duplicate ACKs, new data up to cwnd plus that many segments,
 		// as the peer's window allows; cwnd itself stays.
-		if k := min(c.dupAcks, dupThresh-1); k > 0 && c.sndNxt == c.sndMax {
+		if k := min(c.dupAcks, c.thresh()-1); k > 0 && c.sndNxt == c.sndMax {
 			usable = max(usable, min(c.sndUna.Add(c.win.Cwnd+k*c.mss).Sub(c.sndNxt),
 				c.sndUna.Add(c.sndWnd).Sub(c.sndNxt)))
 		}
@@ -170,6 +172,17 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		return c.sendSegment(now, b, c.sndNxt, 0, true)
 	}
 	return 0
+}
+
+// noteRetransmit counts a retransmission, ending at end, in the current
+// fast recovery, which a D-SACK may later show unneeded (see onDSACK).
+func (c *Conn) noteRetransmit(end Seq) {
+	if c.undoValid && c.inRecovery {
+		c.undoRxt++
+		c.undoEnd = maxSeq(c.undoEnd, end)
+	} else {
+		c.undoValid = false // retransmitted outside a recovery: no undo
+	}
 }
 
 // skipSacked moves SND.NXT over SACKed octets while retransmitting.
@@ -275,9 +288,13 @@ func (c *Conn) fillOptions(o *header.TCPOptions, now Time, syn bool) {
 		o.HasTimestamp = true
 		o.TSVal, o.TSEcr = c.tsNow(now), c.tsRecent
 	}
-	if c.sackOK && len(c.rcv.ooo) > 0 {
+	if c.sackOK && (len(c.rcv.ooo) > 0 || c.dsackValid) {
 		var blocks [header.MaxSACKBlocks]span
-		n := c.rcv.sackBlocks(blocks[:])
+		k := 0
+		if c.dsackValid {
+			blocks[0], k = c.dsack, 1 // a D-SACK goes first (RFC 2883 §4)
+		}
+		n := k + c.rcv.sackBlocks(blocks[k:])
 		for i := 0; i < n; i++ {
 			o.SACK[i] = header.SACKBlock{Start: uint32(blocks[i].start), End: uint32(blocks[i].end)}
 		}
@@ -340,6 +357,7 @@ func (c *Conn) build(now Time, b []byte, seq Seq, flags uint8, n int) int {
 			c.dupAcksOwed--
 		}
 		c.ackNow = false
+		c.dsackValid = false // reported once
 		c.unacked = 0
 		c.delackAt = 0
 		c.lastAckSent = ack

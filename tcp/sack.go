@@ -51,16 +51,17 @@ func (sb *scoreboard) release(una Seq) {
 
 // lostBelow returns the sequence number under which every un-SACKed octet
 // counts as lost (RFC 6675 §4 IsLost: more than (DupThresh-1)*SMSS octets
-// SACKed above it, or DupThresh discontiguous SACKed ranges above it).
+// SACKed above it, or DupThresh discontiguous SACKed ranges above it, with
+// thresh as DupThresh).
 // ok is false when nothing is lost.
-func (sb *scoreboard) lostBelow(mss int) (Seq, bool) {
+func (sb *scoreboard) lostBelow(mss, thresh int) (Seq, bool) {
 	above := 0
 	for i := len(sb.s) - 1; i >= 0; i-- {
 		r := sb.s[i]
 		above += r.len()
 		// Every hole below r has r and the ranges above it SACKed
 		// above it; holes are never inside a range.
-		if len(sb.s)-i >= dupThresh || above > (dupThresh-1)*mss {
+		if len(sb.s)-i >= thresh || above > (thresh-1)*mss {
 			return r.start, true
 		}
 	}
