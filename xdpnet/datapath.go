@@ -79,7 +79,8 @@ func (p *Poller) inputFrame(now tcp.Time, pkt []byte, handed bool) {
 	}
 	syn := t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN
 	id := tcp.FourTuple{LocalAddr: ip.Dst(), RemoteAddr: ip.Src(), LocalPort: t.DstPort(), RemotePort: t.SrcPort()}
-	if g := p.cfg.Group; g != nil && p.stack.Lookup(id) == nil && (!syn || p.listens[id.LocalPort] == nil) {
+	// Alone in its Group a poller owns every flow: no lookup, no lock.
+	if g := p.cfg.Group; g != nil && len(p.in) > 0 && p.stack.Lookup(id) == nil && (!syn || p.listens[id.LocalPort] == nil) {
 		owner, drop := g.route(id, syn)
 		switch {
 		case drop:

@@ -161,6 +161,17 @@ func (p *Poller) handTo(to *Poller, frame []byte) {
 	}
 }
 
+// handedWaiting reports whether another poller has handed this one frames
+// it has not taken yet.
+func (p *Poller) handedWaiting() bool {
+	for _, h := range p.in {
+		if h.tail.Load() != h.head.Load() {
+			return true
+		}
+	}
+	return false
+}
+
 // receiveHandoffs takes the frames other pollers handed to this one.
 func (p *Poller) receiveHandoffs(now tcp.Time) bool {
 	work := false
@@ -185,14 +196,17 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 		return errors.New("xdpnet: move: pollers not of one group")
 	}
 	if to == p {
-		var c *tcp.Conn
-		if err := p.Do(func(s *tcp.Stack, _ tcp.Time) { c = s.Lookup(id) }); err != nil {
-			return err
+		var err error
+		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
+			if c := s.Lookup(id); c != nil {
+				then(c)
+			} else {
+				err = fmt.Errorf("xdpnet: move %v: %w", id, ErrGone)
+			}
+		}); derr != nil {
+			return derr
 		}
-		if c == nil {
-			return fmt.Errorf("xdpnet: move %v: %w", id, ErrGone)
-		}
-		return p.Do(func(*tcp.Stack, tcp.Time) { then(c) })
+		return err
 	}
 	var c *tcp.Conn
 	var f *flow
@@ -227,7 +241,17 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 		}
 		g.setMoving(id, false)
 	}); derr != nil {
-		return derr
+		err = derr
+	}
+	if err != nil {
+		// The connection stays where it was, flow and all.
+		_ = p.Do(func(s *tcp.Stack, _ tcp.Time) {
+			if s.Adopt(c) == nil && f != nil {
+				p.flows[id] = f
+			} else if f != nil {
+				p.removeFlow(id, f)
+			}
+		})
 	}
 	return err
 }

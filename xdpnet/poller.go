@@ -615,14 +615,15 @@ func (p *Poller) sleep(now tcp.Time) error {
 	if len(p.calls) > 0 || d == 0 {
 		return nil
 	}
-	// Async callers look at sleeping after queueing: either they see it
-	// and wake us, or we see their function here.
+	// Async callers and other pollers handing frames over look at
+	// sleeping after queueing: either they see it and wake us, or we see
+	// their work here.
 	p.sleeping.Store(true)
 	defer p.sleeping.Store(false)
 	p.asyncMu.Lock()
 	queued := len(p.async)
 	p.asyncMu.Unlock()
-	if queued > 0 {
+	if queued > 0 || p.handedWaiting() {
 		return nil
 	}
 	p.stats.Sleeps++
