@@ -46,7 +46,7 @@ type ConnectOptions struct {
 // Established event, and returned.
 func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
 	q.mu.Lock()
-	busy := q.conn != nil || q.ec != nil || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
 	q.mu.Unlock()
 	if busy {
 		return nil, ErrState
@@ -341,7 +341,7 @@ func (cr *ConnRequest) answer() bool {
 // Accept catch the peer's first messages.
 func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	q.mu.Lock()
-	busy := q.conn != nil || q.ec != nil || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
 	q.mu.Unlock()
 	if busy {
 		return ErrState

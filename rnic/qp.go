@@ -88,6 +88,9 @@ type QP struct {
 	eng  *qp.QP
 	conn *net.TCPConn
 	ec   *engineConn // the connection on the accelerated datapath
+	// accepting: an accelerated-datapath Accept has taken the QP and
+	// has not yet published ec.
+	accepting bool
 	// cpuCalls and cpuOff: engine calls counted by noteCPU, and those
 	// off the poller's CPU (with cpuCheck on).
 	cpuCalls, cpuOff int

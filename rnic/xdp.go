@@ -197,11 +197,22 @@ type engineConn struct {
 	result chan error
 	// req is the passive connection's request while it waits.
 	req *ConnRequest
-	l   *Listener
 	id  tcp.FourTuple
 	// dead: the QP let go of the connection (Reset, Destroy); its
 	// callbacks do nothing more. Loop-owned.
 	dead bool
+	// serveFn is serve, made once: a method value per kick would be an
+	// allocation per posted work request.
+	serveFn func()
+}
+
+// newEngineConn makes the connection state for a QP (q nil while a passive
+// connection waits for its consumer) on poller p.
+func newEngineConn(p *xdpnet.Poller, q *QP, llp *EngineLLP) *engineConn {
+	ec := &engineConn{q: q, llp: llp}
+	ec.pl.Store(p)
+	ec.serveFn = ec.serve
+	return ec
 }
 
 func (ec *engineConn) poller() *xdpnet.Poller { return ec.pl.Load() }
@@ -330,7 +341,7 @@ func (ec *engineConn) kick() {
 	if ec.queued.Swap(true) {
 		return
 	}
-	ec.poller().Async(ec.serve)
+	ec.poller().Async(ec.serveFn)
 }
 
 // serve runs on the loop: an abortive disconnect resets the connection,
@@ -387,9 +398,8 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
 	}
 	p := x.poller(q.Vector())
-	ec := &engineConn{q: q, result: make(chan error, 1)}
-	ec.pl.Store(p)
-	ec.llp = NewEngineLLP(q.eng, cfg, true)
+	ec := newEngineConn(p, q, NewEngineLLP(q.eng, cfg, true))
+	ec.result = make(chan error, 1)
 	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
 	q.mu.Lock()
 	if q.ec != nil || q.conn != nil {
@@ -416,16 +426,6 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 	case <-ctx.Done():
 		_ = p.Do(func(*tcp.Stack, tcp.Time) { c.Abort() })
 		err = fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
-		select {
-		case e := <-ec.result:
-			if e == nil {
-				err = nil // it made it after all; the abort ends it
-			}
-		default:
-		}
-		if err == nil {
-			err = fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
-		}
 	}
 	if err != nil {
 		var rej *RejectedError
@@ -463,8 +463,7 @@ func (d *Device) listenEngine(addr string, opts ListenOptions) (*Listener, error
 	l := &Listener{dev: d, opts: opts, reqs: make(chan *ConnRequest, opts.Backlog), done: make(chan struct{}),
 		port: uint16(port), p: x.pollers[0]}
 	l.addr = &net.TCPAddr{IP: x.addr.AsSlice(), Port: int(port)}
-	el := &engineListener{l: l}
-	if l.tl, err = l.p.Listen(uint16(port), el); err != nil {
+	if _, err = l.p.Listen(uint16(port), &engineListener{l: l}); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	return l, nil
@@ -472,7 +471,13 @@ func (d *Device) listenEngine(addr string, opts ListenOptions) (*Listener, error
 
 // engineListener is the Handler the TCP engine gives new passive
 // connections; at establishment each gets an engineConn of its own.
-type engineListener struct{ l *Listener }
+type engineListener struct {
+	l  *Listener
+	tl *tcp.Listener // loop-owned: set by Listening before any SYN is steered
+}
+
+// Listening is xdpnet's hook: it runs on the loop with the TCP listener.
+func (el *engineListener) Listening(tl *tcp.Listener) { el.tl = tl }
 
 func (el *engineListener) Receive(c *tcp.Conn, b []byte) int { return len(b) }
 
@@ -481,11 +486,10 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 		return
 	}
 	l := el.l
-	for l.tl.Accept() != nil {
+	for el.tl.Accept() != nil {
 	}
-	ec := &engineConn{conn: c, l: l, id: c.ID()}
-	ec.pl.Store(l.p)
-	ec.llp = NewEngineLLP(nil, mpa.Config{}, false)
+	ec := newEngineConn(l.p, nil, NewEngineLLP(nil, mpa.Config{}, false))
+	ec.conn, ec.id = c, c.ID()
 	ec.llp.OnRequest = func(_ *EngineLLP, f *mpa.Frame) { l.engineRequest(ec, f) }
 	c.SetHandler(ec)
 	// The Request must come within RequestTimeout.
@@ -532,21 +536,31 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
 	}
 	q.mu.Lock()
-	if q.ec != nil || q.eng.Ended() {
+	if q.ec != nil || q.accepting || q.eng.Ended() {
 		q.mu.Unlock()
 		return ErrState
 	}
-	q.ec = ec
+	// The QP is taken, but q.ec is published only once the connection
+	// is on the QP's poller: until then no kick may reach the poller the
+	// connection is leaving.
+	q.accepting = true
 	q.mu.Unlock()
-	if !cr.answer() {
+	defer func() {
 		q.mu.Lock()
-		q.ec = nil
+		q.accepting = false
 		q.mu.Unlock()
+	}()
+	if !cr.answer() {
 		return ErrAnswered
 	}
 	cfg := q.mpaConfig(private)
 	var err error
-	accept := func(c *tcp.Conn) {
+	// Seed 004: the QP runs on its CQ's poller, so the connection moves
+	// there from the poller that listened (with a single poller, or a
+	// QP of the listener's vector, it stays).
+	from, to := ec.poller(), q.dev.xdp.poller(q.Vector())
+	if derr := from.Move(ec.id, to, func(c *tcp.Conn) {
+		ec.pl.Store(to)
 		if cr.gone.Load() || ec.conn == nil {
 			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
 			return
@@ -555,16 +569,16 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 		ec.q = q
 		if err = ec.llp.Accept(q.eng, cfg); err != nil {
 			ec.q = nil
+			q.mu.Unlock()
+			return
 		}
+		q.ec = ec
+		// A Disconnect during the accept found no connection to kick.
+		abort := q.abort
 		q.mu.Unlock()
-	}
-	// Seed 004: the QP runs on its CQ's poller, so the connection moves
-	// there from the poller that listened (with a single poller, or a
-	// QP of the listener's vector, it stays).
-	from, to := ec.poller(), q.dev.xdp.poller(q.Vector())
-	if derr := from.Move(ec.id, to, func(c *tcp.Conn) {
-		ec.pl.Store(to)
-		accept(c)
+		if abort {
+			c.Abort()
+		}
 	}); derr != nil {
 		err = derr
 		if errors.Is(derr, xdpnet.ErrGone) {
@@ -572,9 +586,6 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 		}
 	}
 	if err != nil {
-		q.mu.Lock()
-		q.ec = nil
-		q.mu.Unlock()
 		return fmt.Errorf("accept: %w", err)
 	}
 	q.mu.Lock()

@@ -64,7 +64,8 @@ func bpfFlow(id tcp.FourTuple) bpf.Flow {
 }
 
 // Listen reserves port, listens on it with h as the Handler of the
-// connections it accepts, and steers SYNs to it. Call it from another
+// connections it accepts, and steers SYNs to it. A Handler with a method
+// Listening(*tcp.Listener) is given the listener on the loop first. Call it from another
 // goroutine than the loop's.
 func (p *Poller) Listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 	var l *tcp.Listener
@@ -90,6 +91,11 @@ func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 	if err != nil {
 		unix.Close(fd)
 		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
+	}
+	// Before any SYN is steered here, a Handler that wants the listener
+	// (to take its accepted connections on the loop) gets it.
+	if w, ok := h.(interface{ Listening(*tcp.Listener) }); ok {
+		w.Listening(l)
 	}
 	if err := p.steering.AddListen(port); err != nil {
 		l.Close()
