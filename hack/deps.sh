@@ -16,6 +16,7 @@ declare -A test_pkgs=(
 	[tcpdump]=tcpdump
 	[ping]=iputils-ping
 	[iperf3]=iperf3
+	[sysctl]=procps   # topology.NewTunPeer, header kernel tests
 	[clang]=clang     # bpf: make generate, TestGeneratedUpToDate
 	[llvm-strip]=llvm # bpf: bpf2go strips DWARF from the object
 )
