@@ -211,9 +211,6 @@ func classify(err error) error {
 // ModeGeneric, never ModeAuto.
 func (s *Steering) Mode() Mode { return s.mode }
 
-// Ifindex reports the index of the interface the program is attached to.
-func (s *Steering) Ifindex() int { return s.ifindex }
-
 // Close detaches the program and releases the maps; AF_XDP sockets placed
 // with SetSocket stay open (they belong to the caller). Frames in flight
 // finish in the kernel stack. Close is safe to call twice.

@@ -85,9 +85,6 @@ type Server struct {
 	loops    sync.WaitGroup
 }
 
-// DefaultSocket is where a daemon for iface listens by default.
-func DefaultSocket(iface string) string { return ctl.DefaultSocket(iface) }
-
 // New checks the options, opens the device and listens on the control
 // socket (mode 0660; a stale socket file is replaced).
 func New(opts Options) (*Server, error) {
@@ -110,7 +107,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("%w: unknown datapath %q (kernel or xdp)", ErrDatapath, opts.Datapath)
 	}
 	if opts.Socket == "" {
-		opts.Socket = DefaultSocket(opts.Iface)
+		opts.Socket = ctl.DefaultSocket(opts.Iface)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, nil))

@@ -121,9 +121,6 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 	return len(b)
 }
 
-// Waiting reports that a responder holds a Request for its consumer.
-func (e *EngineLLP) Waiting() bool { return e.waiting }
-
 // Accept answers the waiting Request with an MPA Reply built from cfg and
 // runs q on the connection. Call it on the connection's poller. An
 // initiator IRD below our ORD shrinks our ORD, as on the kernel datapath.

@@ -61,8 +61,6 @@ type xdpPath struct {
 	cancel   context.CancelFunc
 	runs     sync.WaitGroup
 	addr     netip.Addr
-	// failed is the first error a poller's loop stopped with.
-	failed atomic.Pointer[error]
 }
 
 // OpenXDP returns a device whose QPs run on the accelerated datapath.
@@ -94,9 +92,6 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := xdpnet.CheckCoalescing(o.Interface, x.steering.Mode()); err != nil {
-		return nil, err
-	}
 	cpu := func(i int) int {
 		if len(o.CPUs) > 0 {
 			return o.CPUs[i%len(o.CPUs)]
@@ -116,12 +111,14 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
-	for _, p := range x.pollers {
+	for i, p := range x.pollers {
 		x.runs.Add(1)
 		go func() {
 			defer x.runs.Done()
-			if err := p.Run(ctx); err != nil {
-				x.failed.CompareAndSwap(nil, &err)
+			// A poller whose datapath fails (its socket or the
+			// interface gone) is the operator's business.
+			if err := p.Run(ctx); err != nil && o.Warn != nil {
+				o.Warn(fmt.Sprintf("poller of queue %d stopped: %v", i, err))
 			}
 		}()
 	}
@@ -155,26 +152,6 @@ func (d *Device) Pollers() []*xdpnet.Poller {
 		return nil
 	}
 	return d.xdp.pollers
-}
-
-// Steering returns the steering program of the accelerated datapath, nil on
-// the kernel datapath.
-func (d *Device) Steering() *bpf.Steering {
-	if d.xdp == nil {
-		return nil
-	}
-	return d.xdp.steering
-}
-
-// Err reports why the datapath stopped, if it did.
-func (d *Device) Err() error {
-	if d.xdp == nil {
-		return nil
-	}
-	if e := d.xdp.failed.Load(); e != nil {
-		return *e
-	}
-	return nil
 }
 
 // engineConn is a QP's connection on the accelerated datapath: the

@@ -467,12 +467,6 @@ func (p *Poller) CPU() int {
 // Steering returns the steering program the Poller uses.
 func (p *Poller) Steering() *bpf.Steering { return p.steering }
 
-// Socket returns the AF_XDP socket (for its statistics).
-func (p *Poller) Socket() *xsk.Socket { return p.sock }
-
-// Addr returns the RNIC's address.
-func (p *Poller) Addr() netip.Addr { return p.cfg.Addr }
-
 // Run is the loop. It returns when ctx is done (nil) or the datapath
 // fails. It locks its goroutine to an OS thread in the Poller's network
 // namespace and leaves that thread locked, so that the thread ends with

@@ -27,7 +27,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -148,23 +147,14 @@ func (d *Device) WritePacket(pkt []byte) error {
 // fails with os.ErrDeadlineExceeded. The zero time means no deadline.
 func (d *Device) SetReadDeadline(t time.Time) error { return d.file.SetReadDeadline(t) }
 
-// SetWriteDeadline does the same for WritePacket, which in practice never
-// waits: a TUN write either queues the packet or fails.
-func (d *Device) SetWriteDeadline(t time.Time) error { return d.file.SetWriteDeadline(t) }
-
 // Fd returns the descriptor, for batch I/O (a read loop until EAGAIN, io_uring)
 // that the *os.File cannot express. It is non-blocking: a read with nothing
 // queued fails with EAGAIN. It stays owned by the Device: do not close it,
 // and do not use it after Close, when the number may already name another file.
 //
 // Unlike os.File.Fd, Fd leaves the descriptor non-blocking and the deadlines
-// working. SyscallConn is the safer way to wait for readiness.
+// working.
 func (d *Device) Fd() int { return d.fd }
-
-// SyscallConn gives raw access to the descriptor through the poller: its
-// Read method calls f until f returns true, parking the goroutine while the
-// descriptor is not readable, and honours the read deadline.
-func (d *Device) SyscallConn() (syscall.RawConn, error) { return d.file.SyscallConn() }
 
 // Close closes the descriptor, which removes the interface. A ReadPacket
 // blocked in another goroutine returns with an error matching os.ErrClosed.
