@@ -1,6 +1,9 @@
 package xsk
 
-import "fmt"
+import (
+	"fmt"
+	"math/bits"
+)
 
 // FreeList holds the addresses of free UMEM frames, last freed first out (the
 // frame most recently touched is the warmest in cache). It covers a range of
@@ -15,6 +18,7 @@ type FreeList struct {
 	stack     []uint64
 	free      []uint64 // bit per frame of the range: set while on the stack
 	frameSize uint64
+	shift     uint   // log2(frameSize): frame numbers without a division
 	first     uint64 // frame number of the range's first frame
 	count     uint64
 }
@@ -29,6 +33,7 @@ func NewFreeList(frameSize, first, count uint32) *FreeList {
 		stack:     make([]uint64, 0, count),
 		free:      make([]uint64, (count+63)/64),
 		frameSize: uint64(frameSize),
+		shift:     uint(bits.TrailingZeros32(frameSize)),
 		first:     uint64(first),
 		count:     uint64(count),
 	}
@@ -49,7 +54,7 @@ func (f *FreeList) Alloc() (addr uint64, ok bool) {
 	}
 	addr = f.stack[n-1]
 	f.stack = f.stack[:n-1]
-	i := addr/f.frameSize - f.first
+	i := addr>>f.shift - f.first
 	f.free[i/64] &^= 1 << (i % 64)
 	return addr, true
 }
@@ -71,7 +76,7 @@ func (f *FreeList) AllocN(dst []uint64) int {
 // Free returns the frame that contains addr to the list.
 func (f *FreeList) Free(addr uint64) {
 	base := addr &^ (f.frameSize - 1)
-	i := base/f.frameSize - f.first // wraps to a huge value below the range
+	i := base>>f.shift - f.first // wraps to a huge value below the range
 	if i >= f.count {
 		panic(fmt.Sprintf("xsk: free of address %#x outside frames %d..%d", addr, f.first, f.first+f.count-1))
 	}
