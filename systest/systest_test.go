@@ -29,17 +29,6 @@ func build(t *testing.T, dir string) {
 	}
 }
 
-func waitFor(t *testing.T, path string) {
-	t.Helper()
-	for i := 0; i < 400; i++ {
-		if _, err := os.Stat(path); err == nil {
-			return
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("%s never appeared", path)
-}
-
 // TestTwoHostsSeveralApplications: a softrnicd in each of two namespaces,
 // four client processes on one host and four servers on the other, running
 // at once; each pair moves 128 MiB by RDMA Write (verified by SHA-256 at the
@@ -103,18 +92,8 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 	dir := t.TempDir()
 	build(t, dir)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	for i, d := range []struct {
-		host topology.Host
-		sock string
-	}{{net.A, sockA}, {net.B, sockB}} {
-		cmd := d.host.Command(filepath.Join(dir, "softrnicd"), append([]string{"--iface", d.host.Link, "--socket", d.sock, "--log-level", "warn"}, args[i]...)...)
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		waitFor(t, d.sock)
-	}
+	startDaemon(t, dir, net.A, sockA, args[0]...)
+	startDaemon(t, dir, net.B, sockB, args[1]...)
 
 	const pairs = 4
 	const size = 128 << 20

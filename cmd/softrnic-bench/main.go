@@ -459,7 +459,7 @@ func table(r *Results) {
 		tableOf(r, dp)
 	}
 	k, x := r.Datapaths["kernel"], r.Datapaths["xdp"]
-	const i64k = 5 // sizes[5] = 65536
+	i64k := slices.Index(sizes, 65536)
 	fmt.Printf("\n== issue 7 targets (one run, same veth pair)\n")
 	verdict := func(ok bool) string {
 		if ok {
