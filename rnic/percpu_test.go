@@ -23,12 +23,15 @@ type xdpSide struct {
 	pd  *PD
 }
 
-func newXDPSide(t *testing.T, h topology.Host, mode bpf.Mode, pollers int) *xdpSide {
+// newXDPSide opens a device on the accelerated datapath of h with o (its
+// interface and address filled in from h).
+func newXDPSide(t testing.TB, h topology.Host, o XDPOptions) *xdpSide {
 	t.Helper()
+	o.Interface, o.Addr, o.Pin = h.Link, h.Addr.Addr(), true
 	var d *Device
 	if err := h.Do(func() error {
 		var err error
-		d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: mode, Pollers: pollers, Pin: true})
+		d, err = OpenXDP(o)
 		return err
 	}); err != nil {
 		t.Fatalf("OpenXDP in %s: %v", h.Namespace, err)
@@ -76,8 +79,8 @@ func TestPerProcessorCompletions(t *testing.T) {
 	cpuCheck.Store(true)
 	defer cpuCheck.Store(false)
 	tp := topology.NewTest(t, topology.Options{Queues: 2})
-	a := newXDPSide(t, tp.A, bpf.ModeNative, 2)
-	b := newXDPSide(t, tp.B, bpf.ModeNative, 2)
+	a := newXDPSide(t, tp.A, XDPOptions{Mode: bpf.ModeNative, Pollers: 2})
+	b := newXDPSide(t, tp.B, XDPOptions{Mode: bpf.ModeNative, Pollers: 2})
 	ln, err := b.dev.Listen(net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ListenOptions{})
 	must(t, err)
 	defer ln.Close()
@@ -169,7 +172,7 @@ func TestPerProcessorCompletions(t *testing.T) {
 // Request by hand and then only holds the connection.
 func TestEngineCloseTimeout(t *testing.T) {
 	tp := topology.NewTest(t, topology.Options{})
-	a := newXDPSide(t, tp.A, bpf.ModeNative, 1)
+	a := newXDPSide(t, tp.A, XDPOptions{Mode: bpf.ModeNative, Pollers: 1})
 	var ln net.Listener
 	if err := tp.B.Do(func() error {
 		var err error

@@ -13,23 +13,10 @@ import (
 	"github.com/softrnic/softrnic/tcp"
 )
 
-// benchSide is a device on the accelerated datapath with one poller, both
-// hosts' pollers on CPU 0 (see softrnic-bench for why).
+// benchSide is a device with one poller; both hosts' pollers share CPU 0
+// (see softrnic-bench for why).
 func benchSide(b *testing.B, h topology.Host) *xdpSide {
-	var d *Device
-	if err := h.Do(func() error {
-		var err error
-		d, err = OpenXDP(XDPOptions{Interface: h.Link, Addr: h.Addr.Addr(), Mode: bpf.ModeNative, Pollers: 1, Pin: true, CPUs: []int{0}})
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { d.Close() })
-	pd, err := d.AllocPD()
-	if err != nil {
-		b.Fatal(err)
-	}
-	return &xdpSide{dev: d, pd: pd}
+	return newXDPSide(b, h, XDPOptions{Mode: bpf.ModeNative, Pollers: 1, CPUs: []int{0}})
 }
 
 // benchConnect connects qa (on A) to qb, accepted on srv (B).
