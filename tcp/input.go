@@ -593,11 +593,9 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 	wasEmpty := c.rcv.n == 0
 	c.rcv.put(c.rcvNxt(), p)
 	c.rcv.advance(len(p))
+	c.deliverBuffered()
 	if hadHoles {
-		c.deliverBuffered()
 		c.sendAck() // a hole filled: ACK at once (RFC 5681 §4.2)
-	} else if c.rcv.n > 0 && c.h != nil {
-		c.deliverBuffered()
 	}
 	if wasEmpty && c.rcv.n > 0 && c.h != nil {
 		c.h.Event(c, EventReadable)
@@ -620,8 +618,12 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 	}
 }
 
-// deliverBuffered offers held in-order octets to the Handler.
+// deliverBuffered offers held in-order octets to the Handler, if there is
+// one (a connection without one is read with Read).
 func (c *Conn) deliverBuffered() {
+	if c.h == nil {
+		return
+	}
 	took := false
 	for c.rcv.n > 0 {
 		b := c.rcv.peek()

@@ -1,9 +1,11 @@
 package tcp_test
 
 import (
+	"net/netip"
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/header"
 	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/tcp/sim"
 )
@@ -57,5 +59,48 @@ func TestReorderingUndoesRecovery(t *testing.T) {
 	}
 	if st.FastRetransmits >= ab.Stats.Reordered {
 		t.Fatalf("%d fast recoveries for %d reordered segments", st.FastRetransmits, ab.Stats.Reordered)
+	}
+}
+
+// A connection without a Handler (read with Read) whose receive gap is
+// filled by a retransmission: filling the gap used to call the missing
+// Handler.
+func TestNilHandlerGapFilled(t *testing.T) {
+	a, b := newStack(t, tcp.Options{}), newStack(t, tcp.Options{})
+	dropped := false
+	ab := plainLink()
+	ab.Drop = func(seg []byte) bool {
+		if !dropped && len(header.TCP(seg).Payload()) > 0 {
+			dropped = true
+			return true
+		}
+		return false
+	}
+	n := sim.New(3, a, b, ab, plainLink())
+	l, err := b.Listen(netip.Addr{}, 7000, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 64 << 10}
+	c, err := a.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 7000), cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli.Conn = c
+	var srv *tcp.Conn
+	if !n.Run(10*time.Second, func() bool {
+		if srv == nil {
+			srv = l.Accept()
+		}
+		return srv != nil && srv.Buffered() == 64<<10
+	}) {
+		t.Fatalf("server buffered %v, dropped %v", srv, dropped)
+	}
+	if !dropped {
+		t.Fatal("no segment was dropped")
+	}
+	got := make([]byte, 64<<10)
+	if k := srv.Read(got); k != len(got) {
+		t.Fatalf("read %d", k)
 	}
 }
