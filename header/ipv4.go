@@ -165,9 +165,8 @@ func (b IPv4) Encode(f *IPv4Fields) {
 	binary.BigEndian.PutUint16(b[ip4FlagsFrag:], flags)
 	b[ip4TTL] = f.TTL
 	b[ip4Protocol] = f.Protocol
-	binary.BigEndian.PutUint16(b[ip4Checksum:], 0)
 	src, dst := f.Src.As4(), f.Dst.As4()
 	copy(b[ip4Src:], src[:])
 	copy(b[ip4Dst:], dst[:])
-	binary.BigEndian.PutUint16(b[ip4Checksum:], ^Checksum(b[:IPv4MinLen], 0))
+	b.SetChecksum()
 }

@@ -29,7 +29,6 @@ type Conn struct {
 	maxSndWnd  int
 	snd        sendBuf
 	finQueued  bool // Close called: a FIN follows the data
-	finSent    bool
 	peerMSS    int
 	mss        int // segment payload limit, options excluded
 	sndWS      uint8
@@ -65,7 +64,6 @@ type Conn struct {
 	persist                       bool // rtoAt is the persist timer
 	probes                        int  // window probes since the last ACK
 	keepProbes                    int
-	lastRecv                      Time
 
 	// ACK policy.
 	ackNow bool // an ACK must go out
@@ -340,7 +338,6 @@ func (c *Conn) armRTO(now Time) {
 
 // keepaliveReset restarts the keepalive idle period.
 func (c *Conn) keepaliveReset(now Time) {
-	c.lastRecv = now
 	c.keepProbes = 0
 	if c.stack.opts.KeepAlive && c.state.synchronized() {
 		c.keepAt = now.Add(c.stack.opts.KeepIdle)
@@ -429,7 +426,6 @@ func (c *Conn) rtoFired(now Time) {
 	c.sndNxt = c.sndUna
 	c.rttTiming = false // Karn: no samples from retransmissions
 	c.quickAcks = o.QuickACKs
-	c.finSent = false
 	c.armRTO(now)
 	c.wantOutput()
 }

@@ -1,8 +1,6 @@
 package tcp
 
 import (
-	"encoding/binary"
-
 	"github.com/softrnic/softrnic/header"
 )
 
@@ -36,9 +34,6 @@ var cookieMSS = [...]uint16{536, 1300, 1440, 1460}
 
 func (s *Stack) cookieHash(id FourTuple, count uint32, salt uint32) uint32 {
 	h := s.hash32(id, salt)
-	var b [8]byte
-	binary.BigEndian.PutUint32(b[:], h)
-	binary.BigEndian.PutUint32(b[4:], count)
 	return s.hash32(FourTuple{LocalAddr: id.LocalAddr, RemoteAddr: id.RemoteAddr, LocalPort: uint16(count), RemotePort: uint16(count >> 16)}, h)
 }
 

@@ -619,7 +619,6 @@ func TestDelayedACK(t *testing.T) {
 	p.client.Total = 10
 	p.client.Pump()
 	p.net.RunFor(100 * time.Millisecond)
-	p.client.Total = 10
 	*log = nil
 	p.client.Total = 20
 	p.client.Pump()

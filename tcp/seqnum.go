@@ -10,9 +10,6 @@ func (s Seq) LessThan(t Seq) bool { return int32(s-t) < 0 }
 // LessEq: s comes before t or is t.
 func (s Seq) LessEq(t Seq) bool { return int32(s-t) <= 0 }
 
-// InRange: s is in [lo, hi).
-func (s Seq) InRange(lo, hi Seq) bool { return uint32(s-lo) < uint32(hi-lo) }
-
 // InWindow: s is in [first, first+size).
 func (s Seq) InWindow(first Seq, size uint32) bool { return uint32(s-first) < size }
 
