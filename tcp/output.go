@@ -40,7 +40,7 @@ func (c *Conn) output(now Time, b []byte) int {
 		// SND.UNA, below what the peer has received, and a pure ACK
 		// there is an unacceptable segment that Linux drops unread
 		// (BSD's tcp_output does the same).
-		return c.build(now, b, c.sndMax, header.TCPFlagACK, 0)
+		return c.build(now, b, c.sndMax, header.TCPFlagACK, 0, nil)
 	}
 	return 0
 }
@@ -55,7 +55,7 @@ func (c *Conn) sendSYN(now Time, b []byte) int {
 	if c.sndMax != c.iss {
 		c.Stats.Retransmits++
 	}
-	n := c.build(now, b, c.iss, flags, 0)
+	n := c.build(now, b, c.iss, flags, 0, nil)
 	c.sndNxt = c.iss + 1
 	c.sndMax = maxSeq(c.sndMax, c.sndNxt)
 	if c.rtoAt == 0 {
@@ -80,7 +80,11 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		c.state != StateFinWait1 && c.state != StateClosing && c.state != StateLastAck {
 		return 0
 	}
-	optLen := c.dataOptionsLen()
+	// The options of every segment sent here, filled once: they give
+	// the room left for payload, and build writes them as they are.
+	var o header.TCPOptions
+	c.fillOptions(&o, now, false)
+	optLen := header.TCPOptionsLen(&o)
 	maxPayload := min(c.peerMSS, mssFor(c.stack.opts.MTU, c.v6())) - optLen
 	maxPayload = min(maxPayload, len(b)-20-optLen)
 
@@ -92,7 +96,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 			c.Stats.Retransmits++
 			c.noteRetransmit(c.sndUna.Add(n))
 			fin := c.finQueued && c.sndUna.Add(n) == c.finSeqNum() && c.finSentNow()
-			return c.sendSegment(now, b, c.sndUna, n, fin)
+			return c.sendSegment(now, b, c.sndUna, n, fin, &o)
 		}
 	}
 	// RFC 6675 §5 (NextSeg rule 1): retransmit the first lost hole.
@@ -104,7 +108,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 				c.rxtMark, c.rxtMarkValid = c.sndMax, true
 				c.Stats.Retransmits++
 				c.noteRetransmit(h.end)
-				return c.sendSegment(now, b, h.start, h.len(), false)
+				return c.sendSegment(now, b, h.start, h.len(), false, &o)
 			}
 		}
 	}
@@ -166,10 +170,10 @@ func (c *Conn) sendData(now Time, b []byte) int {
 			}
 		}
 		fin := c.finQueued && c.sndNxt.Add(n) == c.finSeqNum()
-		return c.sendSegment(now, b, c.sndNxt, n, fin)
+		return c.sendSegment(now, b, c.sndNxt, n, fin, &o)
 	}
 	if c.finQueued && c.sndNxt == c.finSeqNum() {
-		return c.sendSegment(now, b, c.sndNxt, 0, true)
+		return c.sendSegment(now, b, c.sndNxt, 0, true, &o)
 	}
 	return 0
 }
@@ -198,8 +202,8 @@ func (c *Conn) skipSacked() {
 }
 
 // sendSegment sends n octets from seq (and the FIN after them), advancing
-// SND.NXT when it sends beyond it.
-func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool) int {
+// SND.NXT when it sends beyond it, with the options o.
+func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *header.TCPOptions) int {
 	flags := uint8(header.TCPFlagACK)
 	if fin {
 		flags |= header.TCPFlagFIN
@@ -211,7 +215,7 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool) int {
 	if retrans && seq == c.sndNxt {
 		c.Stats.Retransmits++
 	}
-	hdr := c.build(now, b, seq, flags, n)
+	hdr := c.build(now, b, seq, flags, n, o)
 	if n > 0 {
 		c.snd.read(b[hdr-n:hdr], seq)
 		c.Stats.OctetsOut += uint64(n)
@@ -246,12 +250,12 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool) int {
 // RFC 9293 §3.8.6.1) or a keepalive (SND.UNA-1, no data, §3.8.4).
 func (c *Conn) sendProbeSegment(now Time, b []byte) int {
 	if c.sndWnd == 0 && c.snd.end().Sub(c.sndUna) > 0 {
-		hdr := c.build(now, b, c.sndUna, header.TCPFlagACK, 1)
+		hdr := c.build(now, b, c.sndUna, header.TCPFlagACK, 1, nil)
 		c.snd.read(b[hdr-1:hdr], c.sndUna)
 		header.TCP(b[:hdr]).SetChecksum(c.id.LocalAddr, c.id.RemoteAddr)
 		return hdr
 	}
-	return c.build(now, b, c.sndUna-1, header.TCPFlagACK, 0)
+	return c.build(now, b, c.sndUna-1, header.TCPFlagACK, 0, nil)
 }
 
 func (c *Conn) v6() bool { return c.id.LocalAddr.Is6() && !c.id.LocalAddr.Is4In6() }
@@ -259,13 +263,6 @@ func (c *Conn) v6() bool { return c.id.LocalAddr.Is6() && !c.id.LocalAddr.Is4In6
 // tsNow is our timestamp clock: milliseconds plus a per-connection offset
 // (RFC 7323 §5.4).
 func (c *Conn) tsNow(now Time) uint32 { return uint32(int64(now)/1e6) + c.tsOffset }
-
-// dataOptionsLen is the option space of a non-SYN segment now.
-func (c *Conn) dataOptionsLen() int {
-	var o header.TCPOptions
-	c.fillOptions(&o, 0, false)
-	return header.TCPOptionsLen(&o)
-}
 
 func (c *Conn) fillOptions(o *header.TCPOptions, now Time, syn bool) {
 	if syn {
@@ -326,12 +323,14 @@ func (c *Conn) rcvNxt() Seq {
 // build writes a segment header (and options) for payload octets that the
 // caller copies in after it, and returns the segment's total length. For
 // n == 0 the checksum is final; otherwise the caller sets it after copying
-// the payload.
-func (c *Conn) build(now Time, b []byte, seq Seq, flags uint8, n int) int {
+// the payload. o is the options when the caller has filled them (nil: now).
+func (c *Conn) build(now Time, b []byte, seq Seq, flags uint8, n int, o *header.TCPOptions) int {
 	syn := flags&header.TCPFlagSYN != 0
-	var o header.TCPOptions
-	c.fillOptions(&o, now, syn)
-	optLen := header.EncodeTCPOptions(b[20:], &o)
+	if o == nil {
+		o = new(header.TCPOptions)
+		c.fillOptions(o, now, syn)
+	}
+	optLen := header.EncodeTCPOptions(b[20:], o)
 	var ack Seq
 	if flags&header.TCPFlagACK != 0 {
 		ack = c.rcvNxt()
