@@ -13,7 +13,6 @@ import (
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
-	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/xdpnet"
 )
 
@@ -180,11 +179,10 @@ type ListenOptions struct {
 type Listener struct {
 	dev *Device
 	ln  *net.TCPListener
-	// On the accelerated datapath: the port, the poller listening and
-	// its TCP listener (ln is nil).
+	// On the accelerated datapath: the port and the poller listening
+	// (ln is nil).
 	port  uint16
 	p     *xdpnet.Poller
-	tl    *tcp.Listener
 	addr  *net.TCPAddr
 	opts  ListenOptions
 	reqs  chan *ConnRequest
