@@ -597,6 +597,11 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 	if hadHoles {
 		c.sendAck() // a hole filled: ACK at once (RFC 5681 §4.2)
 	}
+	// Duplicate ACKs owed for out-of-order segments earlier in this
+	// batch would now carry the new cumulative ACK: not duplicates any
+	// more, and after our FIN-ACK they reach a peer that has closed and
+	// answers each with a RST. The one ACK above says it all.
+	c.dupAcksOwed = 0
 	if wasEmpty && c.rcv.n > 0 && c.h != nil {
 		c.h.Event(c, EventReadable)
 	}

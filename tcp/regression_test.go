@@ -263,3 +263,26 @@ func TestZeroWindowWithDataInFlightDoesNotTimeOut(t *testing.T) {
 		t.Fatalf("after the window opened %d octets went out, want 2500", n)
 	}
 }
+
+// Out-of-order segments and the one that fills their hole arrive in one
+// batch: one ACK goes out, not one per out-of-order segment all carrying
+// the same new cumulative ACK. After the peer's FIN those extra ACKs
+// reached a kernel that had closed, and it answered each with a RST
+// (TestKernelPeerImpaired/engine-server/reorder in CI).
+func TestHoleFilledInBatchOneACK(t *testing.T) {
+	s, c, h, pseq := rvClient(t, Options{}, 10000)
+	una := c.sndNxt
+	p := make([]byte, 1000)
+	for i := 1; i <= 3; i++ {
+		rvIn(s, 2, 40000, 80, pseq+Seq(i*1000), una, header.TCPFlagACK, 10000, p, nil)
+	}
+	rvIn(s, 2, 40000, 80, pseq, una, header.TCPFlagACK, 10000, p, nil)
+	rvIn(s, 2, 40000, 80, pseq+4000, una, header.TCPFlagACK|header.TCPFlagFIN, 10000, nil, nil)
+	out := rvDrain(s, 2)
+	if len(out) != 1 || out[0].ack != pseq+4001 {
+		t.Fatalf("want one ACK of %d, got %+v", pseq+4001, out)
+	}
+	if h.got != 4000 {
+		t.Fatalf("received %d", h.got)
+	}
+}
