@@ -109,6 +109,18 @@ type Conn struct {
 	win        Window
 	cc         CongestionControl
 	sendProbe  bool // send a window probe or keepalive now
+	// Tail loss probe (RFC 8985 §7). lossProbe: rtoAt is the probe
+	// timeout (PTO), not the RTO. sendTLP: it expired, send the probe.
+	// One probe at a time: tlpValid until an ACK covers tlpHigh (SND.MAX
+	// after the probe); tlpRxt while the probe, a retransmission of
+	// tlpSpan, has not been reported a duplicate. lastSentAt: the last
+	// new data sent, which pushes the PTO back without a timer update
+	// per segment.
+	lossProbe, sendTLP bool
+	tlpValid, tlpRxt   bool
+	tlpHigh            Seq
+	tlpSpan            span
+	lastSentAt         Time
 
 	// needsOutput: queued on the stack's output list.
 	needsOutput bool
@@ -132,7 +144,13 @@ type ConnStats struct {
 	// recoveries they showed unneeded, whose window was restored.
 	DSACKsIn, SpuriousRecoveries uint64
 	// Reorderings: times the duplicate threshold rose for reordering.
-	Reorderings              uint64
+	Reorderings uint64
+	// LossProbes: tail loss probes sent; ProbeRepairs: those that were
+	// retransmissions repairing a loss (the window was reduced).
+	LossProbes, ProbeRepairs uint64
+	// LossTimeouts: fast recoveries started by the probe timer, for a
+	// hole with too few segments SACKed above it to count as lost.
+	LossTimeouts             uint64
 	ChallengeACKs, PAWSDrops uint64
 }
 
@@ -255,6 +273,7 @@ func (c *Conn) terminate(err error) {
 		c.err = err
 	}
 	c.rtoAt, c.delackAt, c.keepAt, c.twAt = 0, 0, 0, 0
+	c.lossProbe = false
 	c.stack.release(c)
 	if c.h != nil {
 		c.h.Event(c, EventClosed)
@@ -331,9 +350,78 @@ func (c *Conn) currentRTO() time.Duration {
 
 // armRTO (re)starts the retransmission timer (RFC 6298 §5.1, §5.3).
 func (c *Conn) armRTO(now Time) {
-	c.persist = false
+	c.persist, c.lossProbe = false, false
 	c.rtoAt = now.Add(c.currentRTO())
 	c.stack.timerChanged(c)
+}
+
+// tlpSlack is added to twice the smoothed RTT for the probe timeout: room
+// for a receiver's batching (Linux adds two jiffies, RFC 8985 §7.2 says
+// the sender may add its own delay).
+const tlpSlack = 2 * time.Millisecond
+
+// armRetransmit starts the timer that covers data in flight: the probe
+// timeout when a tail loss probe may follow (RFC 8985 §7.2), else the RTO.
+// Without it a lost ACK for the last data in flight, or a loss among the
+// last segments, waits out a whole RTO (200 ms at least) when cwnd is
+// full and nothing more is sent to draw SACKs.
+func (c *Conn) armRetransmit(now Time) {
+	pto, ok := c.probeTimeout()
+	if !ok {
+		c.armRTO(now)
+		return
+	}
+	c.persist, c.lossProbe = false, true
+	c.rtoAt = now.Add(pto)
+	c.stack.timerChanged(c)
+}
+
+// probeTimeout is the PTO, when the probe timer may fire before the RTO:
+// SACK in use, an RTT measured, no recovery or timeout in progress, the
+// peer's window open, and either no probe outstanding or SACKed data
+// above a hole.
+func (c *Conn) probeTimeout() (time.Duration, bool) {
+	if !c.sackOK || c.srtt == 0 || (c.tlpValid && c.sb.empty()) || c.backoff > 0 || c.inRecovery ||
+		(c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) || c.sndWnd == 0 ||
+		!c.state.synchronized() || c.state == StateTimeWait {
+		return 0, false
+	}
+	pto := 2*c.srtt + tlpSlack
+	if c.flight() <= c.mss {
+		// A lone segment may wait for the peer's delayed ACK.
+		pto += c.stack.opts.RTOMin
+	}
+	return pto, pto < c.currentRTO()
+}
+
+// probeFired: no cumulative ACK within the PTO. New data sent since the
+// timer was set pushes it back. Data SACKed above SND.UNA for that long
+// means the hole below it was lost, not overtaken, however few segments
+// were SACKed: fast recovery starts, as RACK's reordering timer would
+// start it (RFC 8985 §6.2). Otherwise the next output sends a tail loss
+// probe, and the RTO covers what follows (RFC 8985 §7.3).
+func (c *Conn) probeFired(now Time) {
+	c.lossProbe = false
+	pto, ok := c.probeTimeout()
+	if !ok {
+		c.armRTO(now)
+		return
+	}
+	if due := c.lastSentAt.Add(pto); now < due {
+		c.lossProbe, c.rtoAt = true, due
+		c.stack.timerChanged(c)
+		return
+	}
+	c.armRTO(now)
+	if !c.sb.empty() && c.sndUna.LessThan(c.sb.s[0].start) {
+		c.Stats.LossTimeouts++
+		c.enterRecovery(now)
+		return
+	}
+	if !c.tlpValid {
+		c.sendTLP = true
+		c.wantOutput()
+	}
 }
 
 // keepaliveReset restarts the keepalive idle period.
@@ -370,9 +458,12 @@ func (c *Conn) onTimer(now Time) {
 	}
 	if c.rtoAt != 0 && now >= c.rtoAt {
 		c.rtoAt = 0
-		if c.persist {
+		switch {
+		case c.persist:
 			c.persistFired(now)
-		} else {
+		case c.lossProbe:
+			c.probeFired(now)
+		default:
 			c.rtoFired(now)
 		}
 		if c.state == StateClosed {
@@ -419,6 +510,7 @@ func (c *Conn) rtoFired(now Time) {
 	}
 	c.inRecovery = false
 	c.undoValid = false // after a timeout, no undo
+	c.tlpValid, c.sendTLP = false, false
 	// RFC 6582 §4 / RFC 6675 §5.1: no fast recovery for data sent before
 	// the timeout (late SACKs for it would cut the window again).
 	c.recoverSeq, c.recoverValid = c.sndMax, true
@@ -447,7 +539,7 @@ func (c *Conn) persistFired(now Time) {
 }
 
 func (c *Conn) armPersist(now Time) {
-	c.persist = true
+	c.persist, c.lossProbe = true, false
 	r := c.currentRTO()
 	c.rtoAt = now.Add(max(r, c.stack.opts.RTOMin))
 	c.stack.timerChanged(c)

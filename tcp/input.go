@@ -358,11 +358,21 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 	// beyond what was sent count; D-SACKs below SND.UNA are ignored.
 	newSACK := false
 	if c.sackOK {
+		// The highest SACKed before this ACK: blocks in one ACK come
+		// most recent first, so a lower one reported with a higher one
+		// (its own ACK lost) was not overtaken by it.
+		priorHigh, hadSACK := Seq(0), !c.sb.empty()
+		if hadSACK {
+			priorHigh = c.sb.highest()
+		}
 		for i := 0; i < seg.Opts.NumSACK; i++ {
 			b := span{Seq(seg.Opts.SACK[i].Start), Seq(seg.Opts.SACK[i].End)}
 			c.Stats.SACKBlocksIn++
 			if i == 0 && b.start.LessThan(b.end) && c.isDSACK(b, ack, &seg.Opts) {
 				c.onDSACK(b)
+				if c.tlpRxt && !b.start.LessThan(c.tlpSpan.start) && b.end.LessEq(c.tlpSpan.end) {
+					c.tlpRxt = false // the probe was not needed
+				}
 				continue
 			}
 			if !b.start.LessThan(b.end) || !ack.LessThan(b.end) || c.sndMax.LessThan(b.end) {
@@ -372,11 +382,11 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			// Data never retransmitted arriving below what the peer
 			// already holds was overtaken, not lost: reordering as
 			// deep as the gap (Linux's tcp_check_sack_reordering).
-			reordered := !c.sb.empty() && b.end.LessThan(c.sb.highest()) && !b.start.LessThan(c.highRxt)
+			reordered := hadSACK && b.end.LessThan(priorHigh) && !b.start.LessThan(c.highRxt)
 			if c.sb.add(b) {
 				newSACK = true
 				if reordered {
-					c.sawReordering(c.sb.highest().Sub(b.end))
+					c.sawReordering(priorHigh.Sub(b.end))
 				}
 			}
 		}
@@ -408,14 +418,31 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		if c.highRxt.LessThan(ack) {
 			c.highRxt = ack
 		}
+		if c.tlpValid && !ack.LessThan(c.tlpHigh) {
+			// The probe's episode is over (RFC 8985 §7.4.2). A
+			// retransmitted probe the peer did not report as a
+			// duplicate repaired a loss: reduce the window for it.
+			c.tlpValid = false
+			if c.tlpRxt {
+				c.tlpRxt = false
+				c.Stats.ProbeRepairs++
+				c.cc.OnLoss(now, flightBefore)
+			}
+		}
 		dataAcked := acked
 		if c.finQueued && c.sndUna == c.finSeqNum().Add(1) {
 			dataAcked--
 		}
 		if c.inRecovery {
 			if c.recoverSeq.LessEq(ack) {
-				c.inRecovery = false // RFC 6675 §5: recovery point reached
-				c.win.Cwnd = max(min(c.win.Ssthresh, c.flight()+c.mss), c.mss)
+				// RFC 6675 §5: recovery point reached. The window
+				// is ssthresh, as Linux leaves it: min(ssthresh,
+				// FlightSize+SMSS) is one segment when this ACK
+				// covers everything, and a lone segment waits out
+				// the peer's delayed ACK (40 ms on Linux) before
+				// the window can grow.
+				c.inRecovery = false
+				c.win.Cwnd = c.win.Ssthresh
 			} else if c.sb.empty() {
 				// RFC 6582 §3.2 step 5: a partial ACK without SACK
 				// retransmits the next unacknowledged segment.
@@ -428,11 +455,11 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		// RFC 6298 §5.2-5.3.
 		if c.flight() == 0 {
 			if !c.persist {
-				c.rtoAt = 0
+				c.rtoAt, c.lossProbe = 0, false
 				c.stack.timerChanged(c)
 			}
 		} else {
-			c.armRTO(now)
+			c.armRetransmit(now)
 		}
 		if c.writeShort && c.snd.free() > 0 && c.h != nil {
 			c.writeShort = false
@@ -448,6 +475,11 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		// In recovery the pipe shrank; before it, Limited Transmit may
 		// send (RFC 3042).
 		c.wantOutput()
+	}
+	if newSACK && !c.inRecovery && !c.lossProbe && c.rtoAt != 0 && !c.persist {
+		// New SACKs under the RTO: the probe timer may come first
+		// and find the hole below them lost (see probeFired).
+		c.armRetransmit(now)
 	}
 	if newSACK && c.inRecovery {
 		c.wantOutput()
@@ -479,7 +511,13 @@ func (c *Conn) detectLoss(now Time) {
 	if !lost || (c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) {
 		return
 	}
+	c.enterRecovery(now)
+}
+
+// enterRecovery starts fast recovery with the segment at SND.UNA.
+func (c *Conn) enterRecovery(now Time) {
 	c.inRecovery, c.recoverValid = true, true
+	c.tlpValid, c.tlpRxt, c.sendTLP = false, false, false // recovery takes over
 	c.recoverSeq = c.sndMax
 	c.highRxt = c.sndUna
 	c.undoValid, c.undoRxt = true, 0
@@ -546,6 +584,10 @@ func (c *Conn) onDSACK(b span) {
 	c.win.Cwnd = max(c.win.Cwnd, c.priorCwnd)
 	c.win.Ssthresh = max(c.win.Ssthresh, c.priorThresh)
 	c.inRecovery = false
+	// The recovery point guarded against a second reduction for the
+	// same window's losses; there were none, so a loss found now starts
+	// a recovery at once (Linux returns to Open on undo too).
+	c.recoverValid = false
 	c.reordering = min(c.thresh()+2, maxReordering)
 	c.wantOutput()
 }
@@ -677,7 +719,7 @@ func (c *Conn) receiveFIN(now Time, at Seq) {
 func (c *Conn) enterTimeWait(now Time) {
 	c.state = StateTimeWait
 	c.rtoAt, c.keepAt, c.delackAt = 0, 0, 0
-	c.persist = false
+	c.persist, c.lossProbe = false, false
 	c.twAt = now.Add(c.stack.opts.TimeWait)
 	c.stack.timerChanged(c)
 }

@@ -113,6 +113,13 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		}
 	}
 
+	if c.sendTLP {
+		c.sendTLP = false
+		if n := c.sendLossProbe(now, b, &o, maxPayload); n > 0 {
+			return n
+		}
+	}
+
 	unsent := c.snd.end().Sub(c.sndNxt)
 	wnd := min(c.win.Cwnd, c.sndWnd)
 	var usable int
@@ -135,20 +142,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		c.skipSacked()
 		unsent = c.snd.end().Sub(c.sndNxt)
 	}
-	if f, ok := c.h.(Filler); ok && unsent < usable && !c.finQueued {
-		for unsent < usable {
-			t := c.snd.tail()
-			if len(t) == 0 {
-				break
-			}
-			k := f.Fill(c, t[:min(len(t), usable-unsent)])
-			if k <= 0 {
-				break
-			}
-			c.snd.n += k
-			unsent += k
-		}
-	}
+	unsent = c.fill(unsent, usable)
 	if unsent > 0 {
 		n := min(unsent, maxPayload, usable)
 		if n <= 0 {
@@ -176,6 +170,72 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		return c.sendSegment(now, b, c.sndNxt, 0, true, &o)
 	}
 	return 0
+}
+
+// fill asks a Filler handler for data until want octets are unsent, and
+// returns how many are.
+func (c *Conn) fill(unsent, want int) int {
+	f, ok := c.h.(Filler)
+	if !ok || c.finQueued {
+		return unsent
+	}
+	for unsent < want {
+		t := c.snd.tail()
+		if len(t) == 0 {
+			break
+		}
+		k := f.Fill(c, t[:min(len(t), want-unsent)])
+		if k <= 0 {
+			break
+		}
+		c.snd.n += k
+		unsent += k
+	}
+	return unsent
+}
+
+// sendLossProbe sends the tail loss probe (RFC 8985 §7.3): new data,
+// beyond the congestion window, when there is some and the peer's window
+// has room; else the last segment sent again. Either draws an ACK, with
+// SACK blocks, that shows what the peer is missing. New data goes as two
+// full segments where it can (this is called again for the second): when
+// what was lost is the peer's ACK, one in-order segment is all it has
+// received since, and Linux holds the ACK for it up to its delayed-ACK
+// time (40 ms or more); two it acknowledges at once.
+func (c *Conn) sendLossProbe(now Time, b []byte, o *header.TCPOptions, maxPayload int) int {
+	second := c.tlpValid
+	if c.flight() == 0 {
+		return 0
+	}
+	if !second {
+		c.Stats.LossProbes++
+	}
+	if room := min(maxPayload, c.sndUna.Add(c.sndWnd).Sub(c.sndNxt)); c.sndNxt == c.sndMax && room > 0 {
+		if unsent := c.fill(c.snd.end().Sub(c.sndNxt), room); unsent > 0 {
+			n := min(unsent, room)
+			fin := c.finQueued && c.sndNxt.Add(n) == c.finSeqNum()
+			k := c.sendSegment(now, b, c.sndNxt, n, fin, o)
+			c.tlpValid, c.tlpRxt, c.tlpHigh = true, false, c.sndMax
+			c.sendTLP = !second && n == maxPayload
+			return k
+		}
+	}
+	if second {
+		return 0
+	}
+	end, fin := c.sndMax, c.finSentNow()
+	if fin {
+		end = c.finSeqNum()
+	}
+	start := c.sndUna
+	if end.Sub(start) > maxPayload {
+		start = end.Add(-maxPayload)
+	}
+	c.Stats.Retransmits++
+	k := c.sendSegment(now, b, start, end.Sub(start), fin, o)
+	c.tlpValid, c.tlpRxt, c.tlpHigh = true, true, c.sndMax
+	c.tlpSpan = span{start, end}
+	return k
 }
 
 // noteRetransmit counts a retransmission, ending at end, in the current
@@ -212,9 +272,20 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *head
 		flags |= header.TCPFlagPSH
 	}
 	retrans := seq.LessThan(c.sndMax)
-	if retrans && seq == c.sndNxt {
-		c.Stats.Retransmits++
+	end := seq.Add(n)
+	if fin {
+		end = end.Add(1)
 	}
+	if retrans && seq == c.sndNxt {
+		// Going back over sent data after an RTO: these are
+		// retransmissions too, and their SACKs are no sign of
+		// reordering (see processAck).
+		c.Stats.Retransmits++
+		c.highRxt = maxSeq(c.highRxt, end)
+	}
+	// A lone segment in flight is covered by the RTO (its ACK may be
+	// delayed); once a second one follows, a loss probe may come first.
+	lone := c.flight() <= c.mss
 	hdr := c.build(now, b, seq, flags, n, o)
 	if n > 0 {
 		c.snd.read(b[hdr-n:hdr], seq)
@@ -222,18 +293,17 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *head
 		// The checksum covers the payload: fill it before summing.
 		header.TCP(b[:hdr]).SetChecksum(c.id.LocalAddr, c.id.RemoteAddr)
 	}
-	end := seq.Add(n)
-	if fin {
-		end = end.Add(1)
-	}
 	if c.sndNxt.LessThan(end) {
 		c.sndNxt = end
 	}
 	if c.sndMax.LessThan(c.sndNxt) {
 		c.sndMax = c.sndNxt
 	}
-	if c.rtoAt == 0 || c.persist {
-		c.armRTO(now)
+	if !retrans {
+		c.lastSentAt = now
+	}
+	if c.rtoAt == 0 || c.persist || (lone && !retrans && !c.lossProbe && c.flight() > c.mss) {
+		c.armRetransmit(now)
 	}
 	if !c.tsOK && !c.rttTiming && !retrans && n > 0 {
 		c.rttTiming, c.rttSeq, c.rttAt = true, seq, now
