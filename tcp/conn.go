@@ -117,10 +117,13 @@ type Conn struct {
 	// new data sent, which pushes the PTO back without a timer update
 	// per segment.
 	lossProbe, sendTLP bool
-	tlpValid, tlpRxt   bool
-	tlpHigh            Seq
-	tlpSpan            span
-	lastSentAt         Time
+	// probeRounds: probe timer expiries in fast recovery since the last
+	// cumulative ACK; after maxProbeRounds the RTO takes over.
+	probeRounds      int
+	tlpValid, tlpRxt bool
+	tlpHigh          Seq
+	tlpSpan          span
+	lastSentAt       Time
 
 	// needsOutput: queued on the stack's output list.
 	needsOutput bool
@@ -360,6 +363,10 @@ func (c *Conn) armRTO(now Time) {
 // the sender may add its own delay).
 const tlpSlack = 2 * time.Millisecond
 
+// maxProbeRounds bounds the probe timer's retransmissions in one fast
+// recovery without progress, before the RTO.
+const maxProbeRounds = 3
+
 // armRetransmit starts the timer that covers data in flight: the probe
 // timeout when a tail loss probe may follow (RFC 8985 §7.2), else the RTO.
 // Without it a lost ACK for the last data in flight, or a loss among the
@@ -377,13 +384,22 @@ func (c *Conn) armRetransmit(now Time) {
 }
 
 // probeTimeout is the PTO, when the probe timer may fire before the RTO:
-// SACK in use, an RTT measured, no recovery or timeout in progress, the
-// peer's window open, and either no probe outstanding or SACKed data
+// SACK in use, an RTT measured, no timeout in progress, the peer's window
+// open, and, outside fast recovery, no probe outstanding or SACKed data
 // above a hole.
 func (c *Conn) probeTimeout() (time.Duration, bool) {
-	if !c.sackOK || c.srtt == 0 || (c.tlpValid && c.sb.empty()) || c.backoff > 0 || c.inRecovery ||
-		(c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) || c.sndWnd == 0 ||
+	if !c.sackOK || c.srtt == 0 || c.backoff > 0 || c.sndWnd == 0 ||
 		!c.state.synchronized() || c.state == StateTimeWait {
+		return 0, false
+	}
+	switch {
+	case c.inRecovery:
+		if c.probeRounds >= maxProbeRounds {
+			return 0, false
+		}
+	case c.recoverValid && c.sndUna.LessThan(c.recoverSeq):
+		return 0, false // recovering from an RTO
+	case c.tlpValid && c.sb.empty():
 		return 0, false
 	}
 	pto := 2*c.srtt + tlpSlack
@@ -395,7 +411,8 @@ func (c *Conn) probeTimeout() (time.Duration, bool) {
 }
 
 // probeFired: no cumulative ACK within the PTO. New data sent since the
-// timer was set pushes it back. Data SACKed above SND.UNA for that long
+// timer was set pushes it back. In fast recovery, the segment at SND.UNA
+// is lost (again). Data SACKed above SND.UNA for that long
 // means the hole below it was lost, not overtaken, however few segments
 // were SACKed: fast recovery starts, as RACK's reordering timer would
 // start it (RFC 8985 §6.2). Otherwise the next output sends a tail loss
@@ -412,12 +429,30 @@ func (c *Conn) probeFired(now Time) {
 		c.stack.timerChanged(c)
 		return
 	}
-	c.armRTO(now)
+	if c.inRecovery {
+		// Two round trips and more since the last cumulative ACK in
+		// fast recovery: the segment at SND.UNA is lost, whether its
+		// retransmission was lost too or, after a partial ACK, too
+		// few segments are SACKed above it to count it lost. Send it
+		// and walk the holes again, where the RTO would have gone
+		// back to one segment of window.
+		if c.sndUna.LessThan(c.highRxt) {
+			c.Stats.LostRetransmits++
+		}
+		c.highRxt, c.rxtMarkValid = c.sndUna, false
+		c.retransmitUna = true
+		c.probeRounds++
+		c.armRetransmit(now)
+		c.wantOutput()
+		return
+	}
 	if !c.sb.empty() && c.sndUna.LessThan(c.sb.s[0].start) {
 		c.Stats.LossTimeouts++
 		c.enterRecovery(now)
+		c.armRetransmit(now)
 		return
 	}
+	c.armRTO(now)
 	if !c.tlpValid {
 		c.sendTLP = true
 		c.wantOutput()

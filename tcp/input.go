@@ -401,7 +401,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 	if acked > 0 {
 		flightBefore := c.flight()
 		c.rttFromAck(now, seg, ack)
-		c.backoff = 0
+		c.backoff, c.probeRounds = 0, 0
 		// The hole at SND.UNA filled by its original transmission, with
 		// data above it SACKed and no recovery or timeout since it
 		// was sent: it was overtaken, not lost.
@@ -518,6 +518,7 @@ func (c *Conn) detectLoss(now Time) {
 func (c *Conn) enterRecovery(now Time) {
 	c.inRecovery, c.recoverValid = true, true
 	c.tlpValid, c.tlpRxt, c.sendTLP = false, false, false // recovery takes over
+	c.probeRounds = 0
 	c.recoverSeq = c.sndMax
 	c.highRxt = c.sndUna
 	c.undoValid, c.undoRxt = true, 0

@@ -222,13 +222,12 @@ func TestGoBackAfterRTONotReordering(t *testing.T) {
 	una := flight[0].seq
 	now += tlpRTT
 	tlpAck(s, now, pseq, una, span{una + 9000, una + 10000})
-	// The probe timer starts recovery; its retransmission is lost, and
-	// the RTO follows.
-	_, out := fire(t, s)
-	if !c.inRecovery || len(out) != 1 {
-		t.Fatalf("recovery %v, sent %+v", c.inRecovery, out)
+	// The probe timer starts recovery; its retransmissions are lost,
+	// and the RTO follows.
+	var out []rvSeg
+	for i := 0; i <= maxProbeRounds+1 && c.Stats.RTOs == 0; i++ {
+		now, out = fire(t, s)
 	}
-	now, out = fire(t, s)
 	if c.Stats.RTOs != 1 || len(out) != 1 || out[0].seq != una {
 		t.Fatalf("stats %+v, sent %+v", c.Stats, out)
 	}
@@ -243,5 +242,43 @@ func TestGoBackAfterRTONotReordering(t *testing.T) {
 	tlpAck(s, now, pseq, una+1000, span{una + 2000, una + 3000}, span{una + 9000, una + 10000})
 	if c.reordering != 0 || c.Stats.Reorderings != 0 {
 		t.Fatalf("reordering %d, stats %+v", c.reordering, c.Stats)
+	}
+}
+
+// In fast recovery, a retransmission that is lost again is sent again
+// when the probe timer finds no progress, a few times, before the RTO.
+func TestProbeTimerInRecovery(t *testing.T) {
+	s, c, pseq := tlpClient(t)
+	c.reordering = 10 // a peer seen to reorder deeply
+	c.Write(make([]byte, 10000))
+	now := 2 * tlpRTT
+	flight := rvDrain(s, now)
+	una := flight[0].seq
+	now += tlpRTT
+	for k := Seq(2); k <= 10; k++ {
+		tlpAck(s, now, pseq, una, span{una + 1000, una + k*1000})
+	}
+	if c.inRecovery {
+		t.Fatal("recovery below the raised threshold")
+	}
+	last := now
+	for round := 1; round <= maxProbeRounds+1; round++ {
+		at, out := fire(t, s)
+		if len(out) != 1 || out[0].seq != una || out[0].n != 1000 || !c.inRecovery {
+			t.Fatalf("round %d: recovery %v, sent %+v", round, c.inRecovery, out)
+		}
+		if d := time.Duration(at - last); d > 10*time.Millisecond {
+			t.Fatalf("round %d: %v after the last", round, d)
+		}
+		last = at
+	}
+	st := c.Stats
+	if st.RTOs != 0 || st.LossTimeouts != 1 || st.LostRetransmits != maxProbeRounds {
+		t.Fatalf("stats %+v", st)
+	}
+	// Rounds exhausted: the RTO is next.
+	at, _ := fire(t, s)
+	if c.Stats.RTOs != 1 || time.Duration(at-last) < 200*time.Millisecond {
+		t.Fatalf("after %d rounds: RTOs %d at %v", maxProbeRounds, c.Stats.RTOs, time.Duration(at-last))
 	}
 }
