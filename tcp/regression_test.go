@@ -286,3 +286,27 @@ func TestHoleFilledInBatchOneACK(t *testing.T) {
 		t.Fatalf("received %d", h.got)
 	}
 }
+
+// A window with many holes: every out-of-order segment is held, not only
+// those of the first 32 ranges (the rest were dropped and sent again).
+func TestManyHolesHeld(t *testing.T) {
+	s, c, h, pseq := rvClient(t, Options{}, 10000)
+	una := c.sndNxt
+	p := make([]byte, 500)
+	const holes = 200
+	for k := 1; k <= holes; k++ {
+		rvIn(s, 2, 40000, 80, pseq+Seq(2*k*len(p)), una, header.TCPFlagACK, 10000, p, nil)
+	}
+	if c.Stats.Dropped != 0 || c.Stats.OutOfOrder != holes {
+		t.Fatalf("stats %+v", c.Stats)
+	}
+	// The holes: [0, 1000), then 500 octets after each segment.
+	total := (2*holes + 1) * len(p)
+	rvIn(s, 3, 40000, 80, pseq, una, header.TCPFlagACK, 10000, p, nil)
+	for off := len(p); off < total; off += 2 * len(p) {
+		rvIn(s, 3, 40000, 80, pseq+Seq(off), una, header.TCPFlagACK, 10000, p, nil)
+	}
+	if h.got != total || c.rcvNxt() != pseq+Seq(total) {
+		t.Fatalf("delivered %d of %d", h.got, total)
+	}
+}

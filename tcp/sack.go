@@ -4,7 +4,7 @@ package tcp
 const dupThresh = 3
 
 // maxScoreboard bounds the SACKed ranges the sender remembers.
-const maxScoreboard = 64
+const maxScoreboard = 256
 
 // scoreboard is the sender's record of SACKed ranges above SND.UNA (RFC
 // 6675 §3): sorted, disjoint, not adjacent.
