@@ -443,9 +443,15 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 				// the window can grow.
 				c.inRecovery = false
 				c.win.Cwnd = c.win.Ssthresh
-			} else if c.sb.empty() {
+			} else if !c.sackOK {
 				// RFC 6582 §3.2 step 5: a partial ACK without SACK
-				// retransmits the next unacknowledged segment.
+				// retransmits the next unacknowledged segment. With
+				// SACK, the scoreboard says what is lost: a partial
+				// ACK with nothing SACKed above it is what a
+				// reordered segment arriving late looks like, and
+				// resending the segment at SND.UNA on every such ACK
+				// resent half the window for nothing. (A real loss
+				// there is found by the probe timer.)
 				c.retransmitUna = true
 			}
 		} else {
