@@ -180,6 +180,12 @@ func (e *EVD) dequeue() (Event, bool, error) {
 	}
 	v := shm.DecodeEVE(slot)
 	e.ring.Release()
+	if e.ring.RoomWanted() {
+		// The daemon holds events for lack of room and sleeps.
+		if err := shm.Signal(e.ia.doorbell); err != nil {
+			return Event{}, false, fmt.Errorf("EVD %d: wake the daemon: %w", e.h, err)
+		}
+	}
 	ev := Event{Type: EventType(v.Kind), Cookie: v.ID, Status: completion.Status(v.Status), Opcode: completion.Opcode(v.Opcode),
 		Length: v.ByteLen, Solicited: v.Flags&shm.EVESolicited != 0, Invalidated: v.Invalidated,
 		HasInvalid: v.Flags&shm.EVEInvalidated != 0, Immediate: v.Immediate, Conn: ConnEvent(v.Event)}

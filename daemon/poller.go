@@ -160,7 +160,7 @@ func (s *session) drainRings(e *ep) {
 
 func (s *session) drainSQ(e *ep) bool {
 	progress := false
-	for n := 0; n < batch; n++ {
+	for n := 0; n < batch && !e.req.backlogFull(); n++ {
 		slot, err := e.sq.Peek()
 		if err != nil {
 			s.violation("send ring", err)
@@ -192,7 +192,7 @@ func (s *session) drainSQ(e *ep) bool {
 
 func (s *session) drainRQ(e *ep) bool {
 	progress := false
-	for n := uint32(0); n < e.rq.Entries(); n++ {
+	for n := uint32(0); n < e.rq.Entries() && !e.recv.backlogFull(); n++ {
 		slot, err := e.rq.Peek()
 		if err != nil {
 			s.violation("receive ring", err)
@@ -236,8 +236,8 @@ func (s *session) forward(e *evd) bool {
 		return progress
 	}
 	var c [1]completion.Completion
-	for n := 0; n < batch; n++ {
-		slot, err := e.ring.Reserve()
+	for n := 0; n < batch && e.cq.Len() > 0; n++ {
+		slot, err := e.reserve()
 		if err != nil {
 			s.violation("event ring", err)
 			return false
@@ -273,7 +273,7 @@ func (s *session) flushBacklog(e *evd) bool {
 	q := e.backlog
 	progress := false
 	for len(q) > 0 {
-		slot, err := e.ring.Reserve()
+		slot, err := e.reserve()
 		if err != nil || slot == nil {
 			break
 		}
@@ -294,7 +294,7 @@ func (s *session) emit(e *evd, eve shm.EVE) {
 		return
 	}
 	if len(e.backlog) == 0 {
-		if slot, err := e.ring.Reserve(); err == nil && slot != nil {
+		if slot, err := e.reserve(); err == nil && slot != nil {
 			eve.Encode(slot)
 			e.ring.Commit()
 			e.produced = true

@@ -367,6 +367,29 @@ type evd struct {
 	backlog []shm.EVE
 }
 
+// reserve takes a slot in the event ring. When the ring is full it asks
+// the client to ring the doorbell as soon as it takes an event, and looks
+// once more: either that finds room or the client sees the request, so a
+// session that then sleeps is woken when there is room again.
+func (e *evd) reserve() ([]byte, error) {
+	slot, err := e.ring.Reserve()
+	if slot != nil || err != nil {
+		return slot, err
+	}
+	e.ring.WantRoom()
+	return e.ring.Reserve()
+}
+
+// maxBacklog bounds the events an EVD holds for a client that does not
+// read its ring. At the bound the session stops taking the work requests
+// whose failures would add more: they wait in the client's rings, whose
+// being full is the client's back-pressure, as completions wait in a full
+// CQ.
+const maxBacklog = 1024
+
+// backlogFull: e can take no more events for now (nil EVDs drop theirs).
+func (e *evd) backlogFull() bool { return e != nil && len(e.backlog) >= maxBacklog }
+
 func roundPow2(n uint32) uint32 {
 	p := uint32(1)
 	for p < n {

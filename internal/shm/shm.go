@@ -8,6 +8,8 @@
 //	0    producer index (u32, free-running)
 //	64   consumer index (u32, free-running)
 //	128  flags (u32): NeedWakeup on request rings, Armed on event rings
+//	192  room wanted (u32, event rings): the daemon has events waiting
+//	     for room; the client rings the doorbell when it takes one
 //	256  entries, each EntrySize octets, Entries a power of two
 //
 // Each side keeps its own copy of the ring's geometry and trusts nothing the
@@ -31,6 +33,7 @@ const (
 	offProd    = 0
 	offCons    = 64
 	offFlags   = 128
+	offWanted  = 192
 
 	// NeedWakeup (request rings): the daemon sleeps; ring the doorbell.
 	NeedWakeup = 1
@@ -127,6 +130,17 @@ func (r *Ring) SetFlags(v uint32) { atomic.StoreUint32(r.word(offFlags), v) }
 
 // SwapFlags writes the flags word and returns the old value.
 func (r *Ring) SwapFlags(v uint32) uint32 { return atomic.SwapUint32(r.word(offFlags), v) }
+
+// WantRoom (producer of an event ring) asks to be woken when the consumer
+// takes an entry. Set it, then try Reserve again before sleeping: either
+// that finds room or the consumer's TookEntry sees the request.
+func (r *Ring) WantRoom() { atomic.StoreUint32(r.word(offWanted), 1) }
+
+// RoomWanted (consumer) reports, after Release, whether the producer asked
+// to be woken, and clears the request: true once per request.
+func (r *Ring) RoomWanted() bool {
+	return atomic.LoadUint32(r.word(offWanted)) != 0 && atomic.SwapUint32(r.word(offWanted), 0) != 0
+}
 
 // Memfd is a memfd mapped into this process.
 type Memfd struct {

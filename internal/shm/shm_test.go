@@ -143,3 +143,39 @@ func TestEntryRoundTrips(t *testing.T) {
 		t.Fatal("EVE")
 	}
 }
+
+// A producer that found the ring full asks for a wake-up; the consumer
+// sees the request once, after it takes an entry, and not otherwise.
+func TestRoomWanted(t *testing.T) {
+	m, err := NewMemfd("ring", RingSize(2, EVESize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	prod, _ := NewRing(m.Mem, 2, EVESize)
+	cons, _ := NewRing(m.Mem, 2, EVESize)
+	for range 2 {
+		slot, err := prod.Reserve()
+		if slot == nil || err != nil {
+			t.Fatalf("reserve: %v", err)
+		}
+		prod.Commit()
+	}
+	if cons.RoomWanted() {
+		t.Fatal("room wanted before anyone asked")
+	}
+	if slot, _ := prod.Reserve(); slot != nil {
+		t.Fatal("a full ring gave a slot")
+	}
+	prod.WantRoom()
+	if slot, _ := cons.Peek(); slot == nil {
+		t.Fatal("nothing to take")
+	}
+	cons.Release()
+	if !cons.RoomWanted() || cons.RoomWanted() {
+		t.Fatal("the request is seen exactly once")
+	}
+	if slot, _ := prod.Reserve(); slot == nil {
+		t.Fatal("no room after the consumer took an entry")
+	}
+}
