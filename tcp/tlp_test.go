@@ -39,6 +39,20 @@ func tlpClient(t *testing.T) (*Stack, *Conn, Seq) {
 	return s, c, irs + 1
 }
 
+// tlpFlight writes n octets on a tlpClient connection and takes the first
+// flight, at most the initial window of ten segments.
+func tlpFlight(t *testing.T, n int) (s *Stack, c *Conn, pseq Seq, flight []rvSeg, now Time) {
+	t.Helper()
+	s, c, pseq = tlpClient(t)
+	c.Write(make([]byte, n))
+	now = 2 * tlpRTT
+	flight = rvDrain(s, now)
+	if want := min((n+999)/1000, 10); len(flight) != want {
+		t.Fatalf("first flight: %d segments, want %d", len(flight), want)
+	}
+	return s, c, pseq, flight, now
+}
+
 // ack delivers a pure ACK from the peer with the given SACK blocks.
 func tlpAck(s *Stack, now Time, pseq, ack Seq, blocks ...span) {
 	var o header.TCPOptions
@@ -65,13 +79,7 @@ func fire(t *testing.T, s *Stack) (Time, []rvSeg) {
 // timer fires after about two RTTs, not the RTO, and sends two segments
 // of new data beyond the window, whose ACK covers everything.
 func TestLossProbeAfterLostACK(t *testing.T) {
-	s, c, pseq := tlpClient(t)
-	c.Write(make([]byte, 40000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
-	if len(flight) != 10 {
-		t.Fatalf("initial window: %d segments", len(flight))
-	}
+	s, c, pseq, flight, now := tlpFlight(t, 40000)
 	una := flight[0].seq
 	// The peer ACKs the first half; the ACK for the rest is lost.
 	now += tlpRTT
@@ -104,13 +112,7 @@ func TestLossProbeAfterLostACK(t *testing.T) {
 // was not needed, and the window stays.
 func TestLossProbeRetransmitsLastSegment(t *testing.T) {
 	for _, dsack := range []bool{false, true} {
-		s, c, pseq := tlpClient(t)
-		c.Write(make([]byte, 4000))
-		now := 2 * tlpRTT
-		flight := rvDrain(s, now)
-		if len(flight) != 4 {
-			t.Fatalf("flight %+v", flight)
-		}
+		s, c, pseq, flight, now := tlpFlight(t, 4000)
 		una, end := flight[0].seq, flight[3].seq+1000
 		now += tlpRTT
 		tlpAck(s, now, pseq, una+1000)
@@ -144,13 +146,7 @@ func TestLossProbeRetransmitsLastSegment(t *testing.T) {
 // the only way out. The timer finds the hole lost and fast recovery
 // retransmits it.
 func TestProbeTimerStartsRecovery(t *testing.T) {
-	s, c, pseq := tlpClient(t)
-	c.Write(make([]byte, 3000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
-	if len(flight) != 3 {
-		t.Fatalf("flight %+v", flight)
-	}
+	s, c, pseq, flight, now := tlpFlight(t, 3000)
 	una := flight[0].seq
 	now += tlpRTT
 	tlpAck(s, now, pseq, una, span{una + 1000, una + 2000})
@@ -170,10 +166,7 @@ func TestProbeTimerStartsRecovery(t *testing.T) {
 // With a lost ACK, the peer's next one reports an old block after a new
 // higher one. That is not reordering: the duplicate threshold stays.
 func TestSACKBlocksOfOneACKNotReordering(t *testing.T) {
-	s, c, pseq := tlpClient(t)
-	c.Write(make([]byte, 10000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
+	s, c, pseq, flight, now := tlpFlight(t, 10000)
 	now += tlpRTT
 	una := flight[0].seq + 1000
 	tlpAck(s, now, pseq, una)
@@ -190,10 +183,7 @@ func TestSACKBlocksOfOneACKNotReordering(t *testing.T) {
 // Recovery ends with an ACK of everything in flight: the window is
 // ssthresh, not one segment (which would wait out the peer's delayed ACK).
 func TestRecoveryExitWindow(t *testing.T) {
-	s, c, pseq := tlpClient(t)
-	c.Write(make([]byte, 10000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
+	s, c, pseq, flight, now := tlpFlight(t, 10000)
 	una, end := flight[0].seq, flight[len(flight)-1].seq+1000
 	now += tlpRTT
 	for k := Seq(2); k <= 5; k++ {
@@ -215,10 +205,7 @@ func TestRecoveryExitWindow(t *testing.T) {
 // (they were counted as such, and the raised duplicate threshold then
 // turned every later loss in a small window into another RTO).
 func TestGoBackAfterRTONotReordering(t *testing.T) {
-	s, c, pseq := tlpClient(t)
-	c.Write(make([]byte, 10000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
+	s, c, pseq, flight, now := tlpFlight(t, 10000)
 	una := flight[0].seq
 	now += tlpRTT
 	tlpAck(s, now, pseq, una, span{una + 9000, una + 10000})
@@ -248,11 +235,8 @@ func TestGoBackAfterRTONotReordering(t *testing.T) {
 // In fast recovery, a retransmission that is lost again is sent again
 // when the probe timer finds no progress, a few times, before the RTO.
 func TestProbeTimerInRecovery(t *testing.T) {
-	s, c, pseq := tlpClient(t)
+	s, c, pseq, flight, now := tlpFlight(t, 10000)
 	c.reordering = 10 // a peer seen to reorder deeply
-	c.Write(make([]byte, 10000))
-	now := 2 * tlpRTT
-	flight := rvDrain(s, now)
 	una := flight[0].seq
 	now += tlpRTT
 	for k := Seq(2); k <= 10; k++ {
