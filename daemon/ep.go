@@ -389,7 +389,7 @@ func (s *session) freeEP(h uint32) error {
 // dropEP removes an EP; s.mu held.
 func (s *session) dropEP(e *ep) {
 	s.unconfigureEP(e)
-	delete(s.objects, e.h)
+	s.forget(e.h)
 }
 
 func (s *session) queryEP(h uint32) (any, []*os.File, error) {
@@ -489,7 +489,7 @@ func (s *session) freePSP(h uint32) error {
 		s.mu.Unlock()
 		return err
 	}
-	delete(s.objects, h)
+	s.forget(h)
 	p.evd.refs--
 	if p.rsp != nil && p.rsp.state == ctl.EPReserved {
 		p.rsp.state = ctl.EPUnconnected
@@ -536,7 +536,7 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 	target.remote = c.req.RemoteAddr.String()
 	target.local = c.req.LocalAddr.String()
 	target.peerPD = c.req.PrivateData
-	delete(s.objects, c.h)
+	s.forget(c.h)
 	q := target.qp
 	// Receives the client posted before accepting must be in the QP
 	// before the peer's first Send can arrive: iWARP has no RNR retry.
@@ -561,7 +561,7 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 		s.mu.Unlock()
 		return err
 	}
-	delete(s.objects, c.h)
+	s.forget(c.h)
 	if c.ep != nil {
 		if c.psp.rsp != nil {
 			c.ep.state = ctl.EPUnconnected

@@ -55,17 +55,16 @@ func (s *session) setSleeping(sleeping bool) {
 	if sleeping {
 		flag = shm.NeedWakeup
 	}
-	for _, o := range s.objects {
-		switch o := o.(type) {
-		case *ep:
-			if o.sq != nil {
-				o.sq.SetFlags(flag)
-				o.rq.SetFlags(flag)
-			}
-		case *evd:
-			if sleeping && o.cq != nil {
-				o.cq.Arm(false)
-			}
+	eps, evds := s.dataPath()
+	for _, o := range eps {
+		if o.sq != nil {
+			o.sq.SetFlags(flag)
+			o.rq.SetFlags(flag)
+		}
+	}
+	for _, o := range evds {
+		if sleeping && o.cq != nil {
+			o.cq.Arm(false)
 		}
 	}
 }
@@ -86,21 +85,20 @@ func (s *session) step() bool {
 	for i := range events {
 		s.apply(&events[i])
 	}
-	for _, o := range s.objects {
-		switch o := o.(type) {
-		case *ep:
-			if o.sq != nil && o.qp != nil {
-				// Receives first, all of them: a Send the client posted
-				// after a receive may make the peer send to it at once.
-				progress = s.drainRQ(o) || progress
-				progress = s.drainSQ(o) || progress
-			}
-		case *evd:
-			progress = s.forward(o) || progress
+	eps, evds := s.dataPath()
+	for _, o := range eps {
+		if o.sq != nil && o.qp != nil {
+			// Receives first, all of them: a Send the client posted
+			// after a receive may make the peer send to it at once.
+			progress = s.drainRQ(o) || progress
+			progress = s.drainSQ(o) || progress
 		}
 	}
-	for _, o := range s.objects {
-		if e, ok := o.(*evd); ok && e.produced {
+	for _, o := range evds {
+		progress = s.forward(o) || progress
+	}
+	for _, e := range evds {
+		if e.produced {
 			e.produced = false
 			if e.ring.SwapFlags(0) == shm.Armed {
 				_ = shm.Signal(e.notify)

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/softrnic/softrnic/internal/shm"
@@ -26,5 +27,43 @@ func TestToSendWR(t *testing.T) {
 		if _, err := toSendWR(&bad, scratch[:]); !errors.Is(err, qp.ErrInvalidWR) {
 			t.Fatalf("%+v: %v", bad, err)
 		}
+	}
+}
+
+// A session's data-path step visits its EPs and EVDs only: an application
+// that registers thousands of buffers does not slow its own posts down.
+// (The step used to walk every object, twice, at every turn.)
+func BenchmarkSessionStep(b *testing.B) {
+	for _, lmrs := range []int{0, 4096} {
+		b.Run(fmt.Sprintf("lmrs=%d", lmrs), func(b *testing.B) {
+			s := &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}}
+			for range lmrs {
+				if _, err := s.add(&lmr{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := s.add(&evd{}); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				s.step()
+			}
+		})
+	}
+}
+
+// The data-path lists follow adds and frees.
+func TestDataPathLists(t *testing.T) {
+	s := &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}}
+	hl, _ := s.add(&lmr{})
+	he, _ := s.add(&ep{})
+	hv, _ := s.add(&evd{})
+	if eps, evds := s.dataPath(); len(eps) != 1 || len(evds) != 1 {
+		t.Fatalf("eps %d evds %d", len(eps), len(evds))
+	}
+	s.forget(he)
+	s.forget(hl)
+	if eps, evds := s.dataPath(); len(eps) != 0 || len(evds) != 1 || evds[0] != s.objects[hv] {
+		t.Fatalf("after frees: eps %d evds %d", len(eps), len(evds))
 	}
 }

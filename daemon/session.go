@@ -36,6 +36,12 @@ type session struct {
 
 	mu      sync.Mutex
 	objects map[uint32]any
+	// eps and evds are the objects the data path visits on every step,
+	// rebuilt from objects when one is added or freed (dpStale): a
+	// session with thousands of LMRs costs the poller nothing for them.
+	eps     []*ep
+	evds    []*evd
+	dpStale bool
 	next    uint32
 	byQPN   map[uint32]*ep
 	closing bool
@@ -272,7 +278,38 @@ func (s *session) add(o any) (uint32, error) {
 		}
 	}
 	s.objects[s.next] = o
+	s.noteDataPath(o)
 	return s.next, nil
+}
+
+// forget removes handle h; s.mu held.
+func (s *session) forget(h uint32) {
+	s.noteDataPath(s.objects[h])
+	delete(s.objects, h)
+}
+
+func (s *session) noteDataPath(o any) {
+	switch o.(type) {
+	case *ep, *evd:
+		s.dpStale = true
+	}
+}
+
+// dataPath returns the session's EPs and EVDs; s.mu held.
+func (s *session) dataPath() ([]*ep, []*evd) {
+	if s.dpStale {
+		s.dpStale = false
+		s.eps, s.evds = s.eps[:0], s.evds[:0]
+		for _, o := range s.objects {
+			switch o := o.(type) {
+			case *ep:
+				s.eps = append(s.eps, o)
+			case *evd:
+				s.evds = append(s.evds, o)
+			}
+		}
+	}
+	return s.eps, s.evds
 }
 
 // get finds a handle of type T; s.mu held.
@@ -463,7 +500,7 @@ func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
 		if err := p.pd.Free(); err != nil {
 			return nil, nil, fail(ctl.InvalidState, "%v", err)
 		}
-		delete(s.objects, h)
+		s.forget(h)
 		return nil, nil, nil
 	case ctl.OpFreeLMR:
 		s.mu.Lock()
@@ -477,7 +514,7 @@ func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
 		}
 		_ = shm.Unmap(l.mapping)
 		l.pz.refs--
-		delete(s.objects, h)
+		s.forget(h)
 		return nil, nil, nil
 	case ctl.OpFreeEVD:
 		s.mu.Lock()
@@ -490,7 +527,7 @@ func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
 			return nil, nil, fail(ctl.InvalidState, "EVD %d in use by %d EPs or PSPs", h, e.refs)
 		}
 		e.free()
-		delete(s.objects, h)
+		s.forget(h)
 		return nil, nil, nil
 	case ctl.OpFreeEP:
 		return nil, nil, s.freeEP(h)
@@ -623,12 +660,12 @@ func (s *session) close() {
 					if o.rings != nil {
 						o.rings.Close()
 					}
-					delete(s.objects, h)
+					s.forget(h)
 				}
 			case *evd:
 				if kind == 1 {
 					o.free()
-					delete(s.objects, h)
+					s.forget(h)
 				}
 			case *lmr:
 				if kind == 1 {
@@ -637,15 +674,15 @@ func (s *session) close() {
 						continue // leak the mapping rather than unmap memory in use
 					}
 					_ = shm.Unmap(o.mapping)
-					delete(s.objects, h)
+					s.forget(h)
 				}
 			case *pz:
 				if kind == 2 {
 					_ = o.pd.Free()
-					delete(s.objects, h)
+					s.forget(h)
 				}
 			default:
-				delete(s.objects, h)
+				s.forget(h)
 			}
 		}
 	}
