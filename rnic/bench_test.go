@@ -247,3 +247,26 @@ func BenchmarkTCPPingPong(b *testing.B) {
 		}
 	}
 }
+
+// STag lookups from every poller at once, as tagged segments arrive on all
+// queues: no lock, so no cache line shared between the CPUs.
+func BenchmarkSTagLookupParallel(b *testing.B) {
+	var t stagTable
+	var stags []uint32
+	for range 4096 {
+		m := &qp.MR{}
+		if err := t.insert(m); err != nil {
+			b.Fatal(err)
+		}
+		stags = append(stags, m.STag)
+	}
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if t.Lookup(stags[i&4095]) == nil {
+				b.Fatal("lost")
+			}
+			i++
+		}
+	})
+}

@@ -119,25 +119,49 @@ func (pd *PD) Free() error {
 // stagTable maps STags to regions. An STag is a 24-bit index and an 8-bit
 // key; the key of an index changes each time the index is reused, so a stale
 // STag never finds the new region.
+//
+// Lookup runs for every tagged segment, on every poller at once, and takes
+// no lock: the regions sit in chunks of atomic pointers, and the list of
+// chunks is replaced, never changed, when it grows. Writers (register,
+// deregister) take mu. (A read lock per segment made the pollers' CPUs
+// bounce its cache line between them.)
 type stagTable struct {
-	mu   sync.RWMutex
-	mrs  []*qp.MR // by index; nil when free
-	keys []uint8
-	free []uint32
+	chunks atomic.Pointer[[]*stagChunk]
+	mu     sync.Mutex
+	next   uint32 // the next index never used
+	keys   []uint8
+	free   []uint32
 }
+
+const stagChunkSize = 1024
+
+type stagChunk [stagChunkSize]atomic.Pointer[qp.MR]
 
 func (t *stagTable) Lookup(stag uint32) *qp.MR {
 	idx := stag >> 8
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	if int(idx) >= len(t.mrs) {
+	cs := t.chunks.Load()
+	if cs == nil || int(idx/stagChunkSize) >= len(*cs) {
 		return nil
 	}
-	m := t.mrs[idx]
+	m := (*cs)[idx/stagChunkSize][idx%stagChunkSize].Load()
 	if m == nil || m.STag != stag {
 		return nil
 	}
 	return m
+}
+
+// slot is where index idx lives, the chunk list grown to hold it; t.mu held.
+func (t *stagTable) slot(idx uint32) *atomic.Pointer[qp.MR] {
+	var cs []*stagChunk
+	if p := t.chunks.Load(); p != nil {
+		cs = *p
+	}
+	if int(idx/stagChunkSize) >= len(cs) {
+		grown := append(append([]*stagChunk(nil), cs...), new(stagChunk))
+		t.chunks.Store(&grown)
+		cs = grown
+	}
+	return &cs[idx/stagChunkSize][idx%stagChunkSize]
 }
 
 func (t *stagTable) insert(m *qp.MR) error {
@@ -148,20 +172,23 @@ func (t *stagTable) insert(m *qp.MR) error {
 		idx = t.free[n-1]
 		t.free = t.free[:n-1]
 	} else {
-		if len(t.mrs) > MaxSTagIndex {
-			return ErrResources
-		}
 		// Index 0 is never used: STag 0 is reserved in many stacks,
 		// and the RTR STag 1 must not name a real region.
-		if len(t.mrs) == 0 {
-			t.mrs, t.keys = append(t.mrs, nil), append(t.keys, 0)
+		if t.next == 0 {
+			t.next = 1
 		}
-		idx = uint32(len(t.mrs))
-		t.mrs, t.keys = append(t.mrs, nil), append(t.keys, 0)
+		if t.next > MaxSTagIndex {
+			return ErrResources
+		}
+		idx = t.next
+		t.next++
+		for len(t.keys) <= int(idx) {
+			t.keys = append(t.keys, 0)
+		}
 	}
 	t.keys[idx]++
 	m.STag = idx<<8 | uint32(t.keys[idx])
-	t.mrs[idx] = m
+	t.slot(idx).Store(m) // publishes m.STag with it
 	return nil
 }
 
@@ -169,8 +196,11 @@ func (t *stagTable) remove(m *qp.MR) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	idx := m.STag >> 8
-	if int(idx) < len(t.mrs) && t.mrs[idx] == m {
-		t.mrs[idx] = nil
+	if idx == 0 || idx >= t.next {
+		return
+	}
+	if s := t.slot(idx); s.Load() == m {
+		s.Store(nil)
 		t.free = append(t.free, idx)
 	}
 }

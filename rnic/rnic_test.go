@@ -7,6 +7,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -553,6 +554,61 @@ func TestOnEventReplacesTheChannel(t *testing.T) {
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatalf("no %v", want)
+		}
+	}
+}
+
+// Lookups run on the pollers while the application registers and
+// deregisters: each finds its region or nothing, never another's (run
+// under -race by make test).
+func TestSTagTableConcurrent(t *testing.T) {
+	var tab stagTable
+	keep := &qp.MR{}
+	if err := tab.insert(keep); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				if tab.Lookup(keep.STag) != keep {
+					t.Error("a registered region was not found")
+					return
+				}
+				for idx := uint32(1); idx < 3000; idx += 97 {
+					if m := tab.Lookup(idx<<8 | 1); m != nil && m.STag != idx<<8|1 {
+						t.Errorf("STag %#x found region %#x", idx<<8|1, m.STag)
+						return
+					}
+				}
+			}
+		}()
+	}
+	var live []*qp.MR
+	for i := range 5000 {
+		m := &qp.MR{}
+		if err := tab.insert(m); err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, m)
+		if i%3 == 2 {
+			tab.remove(live[0])
+			live = live[1:]
+		}
+	}
+	close(done)
+	wg.Wait()
+	for _, m := range live {
+		if tab.Lookup(m.STag) != m {
+			t.Fatalf("STag %#x lost", m.STag)
 		}
 	}
 }
