@@ -17,12 +17,12 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
+	"github.com/softrnic/softrnic/xsk"
 )
 
 // The tests below build two hosts (network namespaces A and B joined by a
@@ -324,77 +324,28 @@ func TestSteering(t *testing.T) {
 	}
 }
 
-// xskSocket is the least AF_XDP socket the kernel accepts in an XSKMAP: a
-// UMEM, fill and completion rings, an RX ring, bound to one queue in copy
-// mode. The rings are never mapped and the fill ring stays empty, so every
-// frame redirected to it is dropped and counted in its rx_dropped: enough to
-// tell that the redirect reached the socket. The xsk package is the real one.
-type xskSocket struct {
-	fd   int
-	umem []byte
-}
-
-func newXSKSocket(h topology.Host, queue int) (*xskSocket, error) {
+// newXSKSocket binds an AF_XDP socket to queue of h's link, in copy mode,
+// over a UMEM of 16 frames. Nothing is put on its fill ring, so every
+// frame redirected to it is dropped and counted in RXDropped: enough to
+// tell that the redirect reached the socket.
+func newXSKSocket(h topology.Host, queue int) (*xsk.Socket, error) {
 	ifi, err := interfaceIn(h)
 	if err != nil {
 		return nil, err
 	}
-	x := &xskSocket{fd: -1}
+	var x *xsk.Socket
 	err = h.Do(func() error {
-		fd, err := unix.Socket(unix.AF_XDP, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		u, err := xsk.NewUMEM(xsk.UMEMOptions{FrameCount: 16, Name: "bpf-test"})
 		if err != nil {
-			return fmt.Errorf("socket(AF_XDP): %w", err)
+			return err
 		}
-		x.fd = fd
-		const frames, frameSize = 16, 4096
-		if x.umem, err = unix.Mmap(-1, 0, frames*frameSize, unix.PROT_READ|unix.PROT_WRITE,
-			unix.MAP_PRIVATE|unix.MAP_ANONYMOUS); err != nil {
-			return fmt.Errorf("mmap umem: %w", err)
+		x, err = xsk.NewSocket(u, xsk.SocketOptions{Ifindex: ifi, QueueID: uint32(queue), Mode: xsk.ModeCopy})
+		if err != nil {
+			u.Close()
 		}
-		reg := unix.XDPUmemReg{
-			Addr: uint64(uintptr(unsafe.Pointer(&x.umem[0]))),
-			Len:  uint64(len(x.umem)),
-			Size: frameSize,
-		}
-		if _, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, uintptr(fd), unix.SOL_XDP, unix.XDP_UMEM_REG,
-			uintptr(unsafe.Pointer(&reg)), unsafe.Sizeof(reg), 0); e != 0 {
-			return fmt.Errorf("XDP_UMEM_REG: %w", e)
-		}
-		for _, opt := range []int{unix.XDP_UMEM_FILL_RING, unix.XDP_UMEM_COMPLETION_RING, unix.XDP_RX_RING} {
-			if err := unix.SetsockoptInt(fd, unix.SOL_XDP, opt, frames); err != nil {
-				return fmt.Errorf("ring size (opt %d): %w", opt, err)
-			}
-		}
-		sa := &unix.SockaddrXDP{Flags: unix.XDP_COPY, Ifindex: uint32(ifi), QueueID: uint32(queue)}
-		if err := unix.Bind(fd, sa); err != nil {
-			return fmt.Errorf("bind AF_XDP to ifindex %d queue %d: %w", ifi, queue, err)
-		}
-		return nil
+		return err
 	})
-	if err != nil {
-		x.close()
-		return nil, err
-	}
-	return x, nil
-}
-
-func (x *xskSocket) stats() (unix.XDPStatistics, error) {
-	var st unix.XDPStatistics
-	size := uint32(unsafe.Sizeof(st))
-	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(x.fd), unix.SOL_XDP, unix.XDP_STATISTICS,
-		uintptr(unsafe.Pointer(&st)), uintptr(unsafe.Pointer(&size)), 0); e != 0 {
-		return st, fmt.Errorf("XDP_STATISTICS: %w", e)
-	}
-	return st, nil
-}
-
-func (x *xskSocket) close() {
-	if x.fd >= 0 {
-		unix.Close(x.fd)
-	}
-	if x.umem != nil {
-		unix.Munmap(x.umem)
-	}
+	return x, err
 }
 
 func interfaceIn(h topology.Host) (int, error) {
@@ -439,8 +390,8 @@ func testSocket(t *testing.T, p *topology.Pair, s *Steering) {
 	if err != nil {
 		t.Fatalf("AF_XDP socket: %v", err)
 	}
-	defer x.close()
-	if err := s.SetSocket(0, x.fd); err != nil {
+	defer closeXSK(x)
+	if err := s.SetSocket(0, x.FD()); err != nil {
 		t.Fatal(err)
 	}
 	before, xBefore := stats(t, s), mustXSKStats(t, x)
@@ -456,7 +407,7 @@ func testSocket(t *testing.T, p *topology.Pair, s *Steering) {
 	if d.SteeredListen < 1 || d.RedirectFailed != 0 {
 		t.Errorf("SYN with a socket on the queue: %+v, want SteeredListen ≥ 1 and no RedirectFailed", d)
 	}
-	if got := xAfter.Rx_dropped - xBefore.Rx_dropped; got < d.SteeredListen {
+	if got := xAfter.RXDropped - xBefore.RXDropped; got < d.SteeredListen {
 		t.Errorf("socket rx_dropped +%d for %d steered SYNs: the redirect did not reach the socket", got, d.SteeredListen)
 	}
 
@@ -478,13 +429,19 @@ func testSocket(t *testing.T, p *topology.Pair, s *Steering) {
 	}
 }
 
-func mustXSKStats(t *testing.T, x *xskSocket) unix.XDPStatistics {
+func mustXSKStats(t *testing.T, x *xsk.Socket) xsk.Statistics {
 	t.Helper()
-	st, err := x.stats()
+	st, err := x.Statistics()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
+}
+
+func closeXSK(x *xsk.Socket) {
+	u := x.UMEM()
+	x.Close()
+	u.Close()
 }
 
 // TestAttachModes checks ModeAuto and the error of a mode the interface
