@@ -94,12 +94,7 @@ func sub(b, a Stats) Stats {
 // listen opens a kernel TCP listener in h on an ephemeral port.
 func listen(t *testing.T, h topology.Host) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	err := h.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(h.Addr.Addr(), 0).String())
-		return err
-	})
+	ln, err := h.ListenTCP(netip.AddrPortFrom(h.Addr.Addr(), 0))
 	if err != nil {
 		t.Fatalf("listen in %s: %v", h.Namespace, err)
 	}
@@ -109,13 +104,11 @@ func listen(t *testing.T, h topology.Host) net.Listener {
 
 // dial connects from h to addr with the kernel's TCP.
 func dial(h topology.Host, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
-	var c net.Conn
-	err := h.Do(func() error {
-		var err error
-		c, err = net.DialTimeout("tcp4", addr.String(), timeout)
-		return err
-	})
-	return c, err
+	c, err := h.DialTCP(addr, timeout)
+	if err != nil {
+		return nil, err // not a nil *TCPConn in an interface
+	}
+	return c, nil
 }
 
 // accept returns the next connection of ln, or fails the test after 5 s.

@@ -146,15 +146,12 @@ func sysctl(t *testing.T, h topology.Host, kv ...string) {
 
 func listen(t *testing.T, h topology.Host) *net.TCPListener {
 	t.Helper()
-	var ln net.Listener
-	if err := h.Do(func() (err error) {
-		ln, err = net.Listen("tcp4", net.JoinHostPort(h.Addr.Addr().String(), "0"))
-		return err
-	}); err != nil {
+	ln, err := h.ListenTCP(netip.AddrPortFrom(h.Addr.Addr(), 0))
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	return ln.(*net.TCPListener)
+	return ln
 }
 
 // TestKernelSegmentLayout captures the SYN, SYN-ACK and a data segment of a
@@ -176,11 +173,8 @@ func TestKernelSegmentLayout(t *testing.T) {
 			}
 			ln := listen(t, p.B)
 			port := uint16(ln.Addr().(*net.TCPAddr).Port)
-			var c net.Conn
-			if err := p.A.Do(func() (err error) {
-				c, err = net.DialTimeout("tcp4", ln.Addr().String(), 2*time.Second)
-				return err
-			}); err != nil {
+			c, err := p.A.DialTCP(ln.Addr().(*net.TCPAddr).AddrPort(), 2*time.Second)
+			if err != nil {
 				t.Fatal(err)
 			}
 			defer c.Close()

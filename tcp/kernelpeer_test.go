@@ -608,27 +608,14 @@ func kpTransfer(t *testing.T, role kpRole, imp kpImpair, size uint64) *kpEngine 
 		if l == nil {
 			t.FailNow()
 		}
-		err := tp.Peer.Do(func() error {
-			d := net.Dialer{Timeout: 20 * time.Second}
-			c, err := d.Dial("tcp4", netip.AddrPortFrom(tp.EngineAddr, kpEnginePort).String())
-			if err == nil {
-				conn = c.(*net.TCPConn)
-			}
-			return err
-		})
+		var err error
+		conn, err = tp.Peer.DialTCP(netip.AddrPortFrom(tp.EngineAddr, kpEnginePort), 20*time.Second)
 		if err != nil {
 			kpDiagnose(t, e, tp, ep)
 			t.Fatalf("kernel dial: %v", err)
 		}
 	case kpEngineClient:
-		var ln *net.TCPListener
-		err := tp.Peer.Do(func() error {
-			l, err := net.Listen("tcp4", netip.AddrPortFrom(tp.PeerAddr, kpKernelPort).String())
-			if err == nil {
-				ln = l.(*net.TCPListener)
-			}
-			return err
-		})
+		ln, err := tp.Peer.ListenTCP(netip.AddrPortFrom(tp.PeerAddr, kpKernelPort))
 		if err != nil {
 			t.Fatalf("kernel listen: %v", err)
 		}
@@ -1101,15 +1088,7 @@ func kpBench(b *testing.B, engineSends bool) {
 			b.Error(err)
 		}
 	})
-	var conn *net.TCPConn
-	err := tp.Peer.Do(func() error {
-		d := net.Dialer{Timeout: 20 * time.Second}
-		c, err := d.Dial("tcp4", netip.AddrPortFrom(tp.EngineAddr, kpEnginePort).String())
-		if err == nil {
-			conn = c.(*net.TCPConn)
-		}
-		return err
-	})
+	conn, err := tp.Peer.DialTCP(netip.AddrPortFrom(tp.EngineAddr, kpEnginePort), 20*time.Second)
 	if err != nil {
 		b.Fatalf("kernel dial: %v", err)
 	}

@@ -164,12 +164,8 @@ func testCoexist(t *testing.T, e *env) {
 		t.Error(err)
 	}
 	// B's kernel TCP on another port.
-	var ln net.Listener
-	if err := tp.B.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), kernelBPort).String())
-		return err
-	}); err != nil {
+	ln, err := tp.B.ListenTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), kernelBPort))
+	if err != nil {
 		t.Fatalf("B kernel listen: %v", err)
 	}
 	defer ln.Close()
@@ -177,7 +173,7 @@ func testCoexist(t *testing.T, e *env) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		ln.(*net.TCPListener).SetDeadline(time.Now().Add(10 * time.Second))
+		ln.SetDeadline(time.Now().Add(10 * time.Second))
 		c, err := ln.Accept()
 		if err != nil {
 			t.Errorf("B kernel accept: %v", err)
@@ -187,20 +183,15 @@ func testCoexist(t *testing.T, e *env) {
 		c.SetDeadline(time.Now().Add(10 * time.Second))
 		_, _ = io.Copy(c, c) // echo until EOF
 	}()
-	var conn net.Conn
-	if err := tp.A.Do(func() error {
-		var err error
-		d := net.Dialer{Timeout: 5 * time.Second}
-		conn, err = d.Dial("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), kernelBPort).String())
-		return err
-	}); err != nil {
+	conn, err := tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), kernelBPort), 5*time.Second)
+	if err != nil {
 		t.Fatalf("A kernel dial B's kernel: %v", err)
 	}
 	conn.SetDeadline(time.Now().Add(10 * time.Second))
 	msg := bytes.Repeat([]byte("kernel stays kernel "), 1000)
 	go func() {
 		_, _ = conn.Write(msg)
-		conn.(*net.TCPConn).CloseWrite()
+		conn.CloseWrite()
 	}()
 	got, err := io.ReadAll(conn)
 	conn.Close()
@@ -227,26 +218,13 @@ func testTransfer(t *testing.T, e *env, engineServer bool) {
 				t.Errorf("close listener: %v", err)
 			}
 		}()
-		err := tp.A.Do(func() error {
-			d := net.Dialer{Timeout: 10 * time.Second}
-			c, err := d.Dial("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), enginePort).String())
-			if err == nil {
-				conn = c.(*net.TCPConn)
-			}
-			return err
-		})
+		var err error
+		conn, err = tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), enginePort), 10*time.Second)
 		if err != nil {
 			t.Fatalf("kernel dial: %v (poller %+v)", err, e.p.Stats())
 		}
 	} else {
-		var ln *net.TCPListener
-		err := tp.A.Do(func() error {
-			l, err := net.Listen("tcp4", netip.AddrPortFrom(tp.A.Addr.Addr(), kernelPort).String())
-			if err == nil {
-				ln = l.(*net.TCPListener)
-			}
-			return err
-		})
+		ln, err := tp.A.ListenTCP(netip.AddrPortFrom(tp.A.Addr.Addr(), kernelPort))
 		if err != nil {
 			t.Fatalf("kernel listen: %v", err)
 		}
@@ -423,13 +401,8 @@ func BenchmarkEngineReceive(b *testing.B) {
 			if _, err := e.p.Listen(enginePort, h); err != nil {
 				b.Fatal(err)
 			}
-			var conn net.Conn
-			if err := e.tp.A.Do(func() error {
-				var err error
-				d := net.Dialer{Timeout: 10 * time.Second}
-				conn, err = d.Dial("tcp4", netip.AddrPortFrom(e.tp.B.Addr.Addr(), enginePort).String())
-				return err
-			}); err != nil {
+			conn, err := e.tp.A.DialTCP(netip.AddrPortFrom(e.tp.B.Addr.Addr(), enginePort), 10*time.Second)
+			if err != nil {
 				b.Fatal(err)
 			}
 			defer conn.Close()
@@ -466,14 +439,8 @@ func BenchmarkEngineSend(b *testing.B) {
 	for _, mode := range []bpf.Mode{bpf.ModeGeneric, bpf.ModeNative} {
 		b.Run(mode.String(), func(b *testing.B) {
 			e := start(b, mode, tcp.Options{})
-			var ln *net.TCPListener
-			if err := e.tp.A.Do(func() error {
-				l, err := net.Listen("tcp4", netip.AddrPortFrom(e.tp.A.Addr.Addr(), kernelPort).String())
-				if err == nil {
-					ln = l.(*net.TCPListener)
-				}
-				return err
-			}); err != nil {
+			ln, err := e.tp.A.ListenTCP(netip.AddrPortFrom(e.tp.A.Addr.Addr(), kernelPort))
+			if err != nil {
 				b.Fatal(err)
 			}
 			defer ln.Close()
@@ -523,14 +490,8 @@ func TestPollerRoutedPeer(t *testing.T) {
 			t.Fatalf("ip %v: %v %s", c.args, err, out)
 		}
 	}
-	var ln *net.TCPListener
-	if err := e.tp.A.Do(func() error {
-		l, err := net.Listen("tcp4", "10.99.0.1:"+fmt.Sprint(kernelPort))
-		if err == nil {
-			ln = l.(*net.TCPListener)
-		}
-		return err
-	}); err != nil {
+	ln, err := e.tp.A.ListenTCP(netip.MustParseAddrPort(fmt.Sprintf("10.99.0.1:%d", kernelPort)))
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -579,13 +540,11 @@ func TestPollerWarnsAboutPeerOffloads(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The kernel's SYNs (and their retries) carry partial checksums.
-	go tp.A.Do(func() error {
-		c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), enginePort).String(), 8*time.Second)
-		if err == nil {
+	go func() {
+		if c, err := tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), enginePort), 8*time.Second); err == nil {
 			c.Close()
 		}
-		return nil
-	})
+	}()
 	select {
 	case m := <-warned:
 		if !strings.Contains(m, "offloads on") || !strings.Contains(m, "ethtool -K") {

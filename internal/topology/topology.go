@@ -13,6 +13,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -198,6 +199,32 @@ func (h Host) killAll() {
 // Command returns a command that runs inside the host's namespace.
 func (h Host) Command(name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", h.Namespace, name}, args...)...)
+}
+
+// ListenTCP opens a kernel TCP listener on addr in the host's namespace.
+func (h Host) ListenTCP(addr netip.AddrPort) (*net.TCPListener, error) {
+	var ln *net.TCPListener
+	err := h.Do(func() error {
+		l, err := net.Listen("tcp4", addr.String())
+		if err == nil {
+			ln = l.(*net.TCPListener)
+		}
+		return err
+	})
+	return ln, err
+}
+
+// DialTCP connects from the host's namespace to addr with the kernel's TCP.
+func (h Host) DialTCP(addr netip.AddrPort, timeout time.Duration) (*net.TCPConn, error) {
+	var c *net.TCPConn
+	err := h.Do(func() error {
+		conn, err := net.DialTimeout("tcp4", addr.String(), timeout)
+		if err == nil {
+			c = conn.(*net.TCPConn)
+		}
+		return err
+	})
+	return c, err
 }
 
 // Do runs fn on an OS thread that has entered the host's network namespace.
