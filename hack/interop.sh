@@ -66,11 +66,25 @@ check_capture() {
 	if [ "$crc" = on ]; then [ "$good" = "$fpdus" ] || return 1; else [ "$good" = 0 ] || return 1; fi
 }
 
+# siw_server_verdict LOG RC: the rping server in the guest (LOG: run.sh's
+# output, RC: its exit code) printed all five pings, and exited 0 or lost
+# only rping's own teardown race: after a clean DISCONNECT its CM thread
+# reads a destroyed event channel and exits 255. The pings all completed,
+# so that is not held against the peer; the log says it was tolerated.
+siw_server_verdict() {
+	local log=$1 rc=$2 console
+	console=$(grep -o '/tmp/siw-guest-[^ ]*\.log' "$log" | head -1)
+	[ "$(grep -c 'server ping data: rdma-ping-' "$console")" -ge 5 ] || return 1
+	[ "$rc" = 0 ] && return 0
+	grep -q "server DISCONNECT EVENT" "$console" && grep -q "rdma_get_cm_event: Bad file descriptor" "$console" || return 1
+	sed -i 's/rping rc=255/rping rc=0 (teardown race tolerated)/' "$log"
+}
+
 results=()
 scenario() {
 	local name=$1 role=$2 siwopts=$3 ours=$4 crc=$5
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
-	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.ping" ok=PASS detail="" detail_note=""
+	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.ping" ok=PASS detail=""
 	tcpdump -i lo -B 32768 -w "$pcap" -U --immediate-mode -s 0 "tcp port $PORT" 2> "$work/$name.tcpdump" &
 	local tpid=$!
 	for _ in $(seq 100); do grep -q listening "$work/$name.tcpdump" && break; sleep 0.05; done
@@ -82,22 +96,7 @@ scenario() {
 		for _ in $(seq 120); do grep -q "rping listening" "$log" && break; sleep 0.5; done
 		timeout 60 "$work/softrnic-ping" -c -a 127.0.0.1 -p "$PORT" -C 5 -S 64 -v -V $ours --socket "$work/d.sock" > "$plog" 2>&1 || ok=FAIL
 		wait "$gpid"
-		local grc=$?
-		# The guest's console shows what rping printed.
-		local console
-		console=$(grep -o '/tmp/siw-guest-[^ ]*\.log' "$log" | head -1)
-		[ "$(grep -c 'server ping data: rdma-ping-' "$console")" -ge 5 ] || ok=FAIL
-		if [ "$grc" != 0 ]; then
-			# rping's own teardown race: after a clean DISCONNECT its CM
-			# thread reads a destroyed event channel and exits 255. The
-			# pings all completed, so it is not held against the peer.
-			if grep -q "server DISCONNECT EVENT" "$console" && grep -q "rdma_get_cm_event: Bad file descriptor" "$console"; then
-				detail_note=" (rping teardown race tolerated)"
-				sed -i 's/rping rc=255/rping rc=0 (teardown race)/' "$log"
-			else
-				ok=FAIL
-			fi
-		fi
+		siw_server_verdict "$log" $? || ok=FAIL
 	else
 		timeout 150 "$work/softrnic-ping" -s -p "$PORT" -v $ours --socket "$work/d.sock" > "$plog" 2>&1 &
 		local spid=$!
@@ -110,7 +109,7 @@ scenario() {
 	sleep 0.5
 	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
 	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
-	detail+=$detail_note
+	grep -q "teardown race tolerated" "$log" && detail+=" (rping teardown race tolerated)"
 	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name" "$role" "$crc" "$detail")")
 	echo "${results[-1]}"
 	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -5 "$plog"; }
@@ -228,14 +227,7 @@ xdp_scenario() {
 		ip netns exec "$NS" timeout 60 "$work/softrnic-ping" -c -a 10.79.0.2 -p 7174 -C 5 -S 64 -v -V $ours --socket "$work/x.sock" > "$plog" 2>&1 || ok=FAIL
 		xdp_stop
 		wait "$gpid"
-		local console
-		console=$(grep -o '/tmp/siw-guest-[^ ]*\.log' "$log" | head -1)
-		[ "$(grep -c 'server ping data: rdma-ping-' "$console")" -ge 5 ] || ok=FAIL
-		if ! grep -q "rping rc=0" "$log"; then
-			if grep -q "server DISCONNECT EVENT" "$console" && grep -q "rdma_get_cm_event: Bad file descriptor" "$console"; then
-				sed -i 's/rping rc=255/rping rc=0 (teardown race)/' "$log"
-			fi
-		fi
+		siw_server_verdict "$log" $? || ok=FAIL
 	else
 		bash "$GUEST/run.sh" --mode rping-client "${tapnet[@]}" "${opts[@]}" --peer 10.79.0.1 --pcap "$pcap" --timeout 120 > "$log" 2>&1 &
 		local gpid=$!
