@@ -184,11 +184,28 @@ func (c *Conn) fill(unsent, want int) int {
 		if len(t) == 0 {
 			break
 		}
-		k := f.Fill(c, t[:min(len(t), want-unsent)])
-		if k <= 0 {
+		room := want - unsent
+		m := min(len(t), room)
+		k := f.Fill(c, t[:m:m]) // past m: unacknowledged octets, or past want
+		if k > 0 {
+			c.snd.n += k
+			unsent += k
+			continue
+		}
+		// The free space before the ring's end may be too short for the
+		// producer's next whole unit (an FPDU) while more is free past
+		// the wrap. Without this, nothing more was sent until every
+		// octet in flight was acknowledged and the ring started over,
+		// which took the peer's delayed ACK for the last segment: 40 ms
+		// stalls that held an xdp Write stream to a quarter of its rate.
+		if len(t) >= room || c.snd.free() <= len(t) {
 			break
 		}
-		c.snd.n += k
+		s := c.stack.fillScratch(min(room, c.snd.free()))
+		if k = f.Fill(c, s[:len(s):len(s)]); k <= 0 {
+			break
+		}
+		c.snd.write(s[:k])
 		unsent += k
 	}
 	return unsent

@@ -310,3 +310,73 @@ func TestManyHolesHeld(t *testing.T) {
 		t.Fatalf("delivered %d of %d", h.got, total)
 	}
 }
+
+// unitFiller produces data in whole units, as MPA produces whole FPDUs: it
+// writes nothing into space shorter than a unit.
+type unitFiller struct {
+	rvHandler
+	unit, made int
+	wide       bool // a dst had capacity beyond its length
+}
+
+func (f *unitFiller) Fill(c *Conn, dst []byte) int {
+	if cap(dst) != len(dst) {
+		// Room past len(dst) is not the filler's: MPA's Transmit fills
+		// to the capacity, and in the send ring that ran into octets
+		// not yet acknowledged.
+		f.wide = true
+	}
+	n := len(dst) / f.unit * f.unit
+	for i := range dst[:n] {
+		dst[i] = byte(f.made + i)
+	}
+	f.made += n
+	return n
+}
+
+// The free space before the send ring's end is shorter than a unit, with
+// more free after the wrap: the filler still gets room, through a scratch
+// buffer, instead of the connection waiting until everything in flight is
+// acknowledged and the ring starts over (which waited out the peer's
+// delayed ACK for the last segment).
+func TestFillAcrossRingWrap(t *testing.T) {
+	s := rvStack(t, Options{SendBuffer: 10500})
+	f := &unitFiller{unit: 1000}
+	c, err := s.Connect(0, rvLocal, 40000, netip.AddrPortFrom(rvRemote, 80), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	syn := rvDrain(s, 0)
+	pseq := Seq(5000)
+	rvIn(s, 1, 40000, 80, pseq, syn[0].seq+1, header.TCPFlagSYN|header.TCPFlagACK, 60000, nil, &header.TCPOptions{MSS: 1000, HasMSS: true})
+	first := rvDrain(s, 1)
+	sent := 0
+	for _, x := range first {
+		sent += x.n
+	}
+	if sent != 10000 {
+		t.Fatalf("first flight %d octets", sent)
+	}
+	una := syn[0].seq + 1
+	// Half is acknowledged: 5500 free, 500 of them before the ring's end.
+	rvIn(s, 2, 40000, 80, pseq+1, una+5000, header.TCPFlagACK, 60000, nil, nil)
+	more := rvDrain(s, 2)
+	n := 0
+	for _, x := range more {
+		n += x.n
+	}
+	if n != 5000 {
+		t.Fatalf("after the ACK of 5000: %d octets sent, want 5000 (ring %d held of %d)", n, c.snd.n, c.snd.size)
+	}
+	if f.wide {
+		t.Error("Fill was given capacity beyond the room it may use")
+	}
+	// What crossed the wrap reads back as the filler wrote it.
+	got := make([]byte, 5000)
+	c.snd.read(got, una+10000)
+	for i, b := range got {
+		if b != byte(10000+i) {
+			t.Fatalf("octet %d: %d, want %d", 10000+i, b, byte(10000+i))
+		}
+	}
+}

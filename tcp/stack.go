@@ -33,6 +33,9 @@ type Stack struct {
 	isnOverride func(FourTuple) Seq
 
 	Stats StackStats
+	// scratch is where a Filler builds data that crosses the end of a
+	// connection's send ring (see Conn.fill).
+	scratch []byte
 }
 
 // StackStats count what the stack did with segments it could not hand to
@@ -579,4 +582,13 @@ func (s *Stack) Adopt(c *Conn) error {
 		s.pushOutput(c)
 	}
 	return nil
+}
+
+// fillScratch returns a scratch buffer of n octets, at most 64 KiB.
+func (s *Stack) fillScratch(n int) []byte {
+	n = min(n, 64<<10)
+	if cap(s.scratch) < n {
+		s.scratch = make([]byte, 64<<10)
+	}
+	return s.scratch[:n]
 }

@@ -148,7 +148,8 @@ type Handler interface {
 // Filler is an optional Handler extension: when the connection may send
 // more than its send buffer holds, it calls Fill with free send-buffer
 // space so the producer can build its data there in place (MPA builds
-// FPDUs straight into it). Fill returns how many octets it wrote.
+// FPDUs straight into it). Fill returns how many octets it wrote, at most
+// len(dst); it must not write past len(dst).
 type Filler interface {
 	Fill(c *Conn, dst []byte) int
 }
