@@ -53,9 +53,9 @@ port=$((20000 + RANDOM % 20000))
 dp_a=() dp_b=()
 if [ "$DATAPATH" = xdp ]; then
 	[ ${#run_a[@]} -gt 0 ] || { echo "demo: DATAPATH=xdp needs root (namespaces, XDP)" >&2; exit 1; }
-	# Both hosts share this machine: their pollers share CPU 0 and leave
-	# the others to the applications and the kernel (see softrnic-bench).
-	dp_a=(--datapath xdp --cpus 0) dp_b=(--datapath xdp --cpus 0)
+	# Both hosts share this machine: each host's poller gets a CPU of its
+	# own (see softrnic-bench).
+	dp_a=(--datapath xdp --cpus 0) dp_b=(--datapath xdp --cpus $(($(nproc) > 1 ? 1 : 0)))
 fi
 echo "== softrnicd in each host ($DATAPATH datapath)"
 "${run_a[@]}" "$bin/softrnicd" --iface "$iface_a" --socket "$sock_a" --log-level warn "${dp_a[@]}" &

@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -13,10 +14,10 @@ import (
 	"github.com/softrnic/softrnic/tcp"
 )
 
-// benchSide is a device with one poller; both hosts' pollers share CPU 0
-// (see softrnic-bench for why).
-func benchSide(b *testing.B, h topology.Host) *xdpSide {
-	return newXDPSide(b, h, XDPOptions{Mode: bpf.ModeNative, Pollers: 1, CPUs: []int{0}})
+// benchSide is a device with one poller, pinned to cpu: one host per CPU,
+// as softrnic-bench runs them.
+func benchSide(b *testing.B, h topology.Host, cpu int) *xdpSide {
+	return newXDPSide(b, h, XDPOptions{Mode: bpf.ModeNative, Pollers: 1, CPUs: []int{min(cpu, runtime.NumCPU()-1)}})
 }
 
 // benchConnect connects qa (on A) to qb, accepted on srv (B).
@@ -43,7 +44,7 @@ func benchConnect(b *testing.B, tp *topology.Pair, srv *xdpSide, qa, qb *QP) {
 // outstanding, without the daemon: the engine's own bandwidth.
 func BenchmarkXDPWrite(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
-	a, bb := benchSide(b, tp.A), benchSide(b, tp.B)
+	a, bb := benchSide(b, tp.A, 0), benchSide(b, tp.B, 1)
 	mk := func(s *xdpSide) (*QP, *completion.CQ) {
 		scq, _ := s.dev.CreateCQ(4096, 0)
 		rcq, _ := s.dev.CreateCQ(4096, 0)
@@ -99,7 +100,7 @@ func BenchmarkXDPWrite(b *testing.B) {
 // with GOMAXPROCS above the CPU count: the pinned pollers hold their Ps.
 func BenchmarkXDPSendLatency(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
-	a, bb := benchSide(b, tp.A), benchSide(b, tp.B)
+	a, bb := benchSide(b, tp.A, 0), benchSide(b, tp.B, 1)
 	type end struct {
 		q        *QP
 		scq, rcq *completion.CQ
