@@ -61,8 +61,8 @@ type Conn struct {
 
 	// Timers: zero when off.
 	rtoAt, delackAt, keepAt, twAt Time
-	persist                       bool // rtoAt is the persist timer
-	probes                        int  // window probes since the last ACK
+	rtoKind                       rtoKind // what rtoAt is for
+	probes                        int     // window probes since the last ACK
 	keepProbes                    int
 
 	// ACK policy.
@@ -109,14 +109,13 @@ type Conn struct {
 	win        Window
 	cc         CongestionControl
 	sendProbe  bool // send a window probe or keepalive now
-	// Tail loss probe (RFC 8985 §7). lossProbe: rtoAt is the probe
-	// timeout (PTO), not the RTO. sendTLP: it expired, send the probe.
-	// One probe at a time: tlpValid until an ACK covers tlpHigh (SND.MAX
+	// Tail loss probe (RFC 8985 §7). sendTLP: the probe timeout (PTO)
+	// expired, send the probe. One probe at a time: tlpValid until an ACK covers tlpHigh (SND.MAX
 	// after the probe); tlpRxt while the probe, a retransmission of
 	// tlpSpan, has not been reported a duplicate. lastSentAt: the last
 	// new data sent, which pushes the PTO back without a timer update
 	// per segment.
-	lossProbe, sendTLP bool
+	sendTLP bool
 	// probeRounds: probe timer expiries in fast recovery since the last
 	// cumulative ACK; after maxProbeRounds the RTO takes over.
 	probeRounds      int
@@ -276,7 +275,6 @@ func (c *Conn) terminate(err error) {
 		c.err = err
 	}
 	c.rtoAt, c.delackAt, c.keepAt, c.twAt = 0, 0, 0, 0
-	c.lossProbe = false
 	c.stack.release(c)
 	if c.h != nil {
 		c.h.Event(c, EventClosed)
@@ -351,9 +349,18 @@ func (c *Conn) currentRTO() time.Duration {
 	return min(r, c.stack.opts.RTOMax)
 }
 
+// rtoKind says which of three timers rtoAt is: they never run together.
+type rtoKind uint8
+
+const (
+	timerRTO     rtoKind = iota // retransmission timeout (RFC 6298)
+	timerPersist                // zero-window probe (RFC 9293 §3.8.6.1)
+	timerProbe                  // tail loss probe timeout (RFC 8985 §7.2)
+)
+
 // armRTO (re)starts the retransmission timer (RFC 6298 §5.1, §5.3).
 func (c *Conn) armRTO(now Time) {
-	c.persist, c.lossProbe = false, false
+	c.rtoKind = timerRTO
 	c.rtoAt = now.Add(c.currentRTO())
 	c.stack.timerChanged(c)
 }
@@ -378,7 +385,7 @@ func (c *Conn) armRetransmit(now Time) {
 		c.armRTO(now)
 		return
 	}
-	c.persist, c.lossProbe = false, true
+	c.rtoKind = timerProbe
 	c.rtoAt = now.Add(pto)
 	c.stack.timerChanged(c)
 }
@@ -418,14 +425,13 @@ func (c *Conn) probeTimeout() (time.Duration, bool) {
 // start it (RFC 8985 §6.2). Otherwise the next output sends a tail loss
 // probe, and the RTO covers what follows (RFC 8985 §7.3).
 func (c *Conn) probeFired(now Time) {
-	c.lossProbe = false
 	pto, ok := c.probeTimeout()
 	if !ok {
 		c.armRTO(now)
 		return
 	}
 	if due := c.lastSentAt.Add(pto); now < due {
-		c.lossProbe, c.rtoAt = true, due
+		c.rtoAt = due // still the probe timer
 		c.stack.timerChanged(c)
 		return
 	}
@@ -493,10 +499,10 @@ func (c *Conn) onTimer(now Time) {
 	}
 	if c.rtoAt != 0 && now >= c.rtoAt {
 		c.rtoAt = 0
-		switch {
-		case c.persist:
+		switch c.rtoKind {
+		case timerPersist:
 			c.persistFired(now)
-		case c.lossProbe:
+		case timerProbe:
 			c.probeFired(now)
 		default:
 			c.rtoFired(now)
@@ -574,7 +580,7 @@ func (c *Conn) persistFired(now Time) {
 }
 
 func (c *Conn) armPersist(now Time) {
-	c.persist, c.lossProbe = true, false
+	c.rtoKind = timerPersist
 	r := c.currentRTO()
 	c.rtoAt = now.Add(max(r, c.stack.opts.RTOMin))
 	c.stack.timerChanged(c)

@@ -135,7 +135,7 @@ func (c *Conn) input(now Time, seg *Segment) {
 	}
 	// A zero-window probe sends the octet at SND.UNA without moving
 	// SND.NXT: a peer that took it acknowledges one past SND.MAX.
-	if c.persist && c.sndMax == c.sndUna && seg.Ack == c.sndUna.Add(1) && c.snd.end().Sub(c.sndUna) > 0 {
+	if c.rtoKind == timerPersist && c.sndMax == c.sndUna && seg.Ack == c.sndUna.Add(1) && c.snd.end().Sub(c.sndUna) > 0 {
 		c.sndNxt, c.sndMax = seg.Ack, seg.Ack
 	}
 	// RFC 5961 §5.2: the ACK must lie in [SND.UNA - MAX.SND.WND, SND.NXT].
@@ -346,8 +346,8 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		c.sndWnd = wnd
 		c.sndWl1, c.sndWl2 = seg.Seq, ack
 		c.maxSndWnd = max(c.maxSndWnd, wnd)
-		if wnd > 0 && c.persist {
-			c.persist, c.rtoAt, c.backoff = false, 0, 0
+		if wnd > 0 && c.rtoKind == timerPersist {
+			c.rtoKind, c.rtoAt, c.backoff = timerRTO, 0, 0
 			c.stack.timerChanged(c)
 		}
 		if windowChanged {
@@ -460,8 +460,8 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		c.dupAcks = 0
 		// RFC 6298 §5.2-5.3.
 		if c.flight() == 0 {
-			if !c.persist {
-				c.rtoAt, c.lossProbe = 0, false
+			if c.rtoKind != timerPersist {
+				c.rtoKind, c.rtoAt = timerRTO, 0
 				c.stack.timerChanged(c)
 			}
 		} else {
@@ -482,7 +482,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		// send (RFC 3042).
 		c.wantOutput()
 	}
-	if newSACK && !c.inRecovery && !c.lossProbe && c.rtoAt != 0 && !c.persist {
+	if newSACK && !c.inRecovery && c.rtoAt != 0 && c.rtoKind == timerRTO {
 		// New SACKs under the RTO: the probe timer may come first
 		// and find the hole below them lost (see probeFired).
 		c.armRetransmit(now)
@@ -726,7 +726,7 @@ func (c *Conn) receiveFIN(now Time, at Seq) {
 func (c *Conn) enterTimeWait(now Time) {
 	c.state = StateTimeWait
 	c.rtoAt, c.keepAt, c.delackAt = 0, 0, 0
-	c.persist, c.lossProbe = false, false
+	c.rtoKind = timerRTO
 	c.twAt = now.Add(c.stack.opts.TimeWait)
 	c.stack.timerChanged(c)
 }

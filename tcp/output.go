@@ -319,7 +319,7 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *head
 	if !retrans {
 		c.lastSentAt = now
 	}
-	if c.rtoAt == 0 || c.persist || (lone && !retrans && !c.lossProbe && c.flight() > c.mss) {
+	if c.rtoAt == 0 || c.rtoKind == timerPersist || (lone && !retrans && c.rtoKind != timerProbe && c.flight() > c.mss) {
 		c.armRetransmit(now)
 	}
 	if !c.tsOK && !c.rttTiming && !retrans && n > 0 {
