@@ -276,10 +276,11 @@ func Parse(s string) (Config, error) {
 		}
 		prob := func(dst *float64) error {
 			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-			if strings.HasSuffix(v, "%") {
+			if err == nil && strings.HasSuffix(v, "%") {
 				f /= 100
 			}
-			if err != nil || f < 0 || f > 1 {
+			// Written so that NaN, which fails every comparison, fails.
+			if err != nil || !(f >= 0 && f <= 1) {
 				return fmt.Errorf("impair: %s=%q: want a probability (0.01 or 1%%)", k, v)
 			}
 			*dst = f

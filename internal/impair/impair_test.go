@@ -272,7 +272,10 @@ func TestParse(t *testing.T) {
 	if c, err := Parse("none"); err != nil || !c.IsZero() {
 		t.Fatalf("none: %+v %v", c, err)
 	}
-	for _, bad := range []string{"loss", "loss=2", "loss=x", "delay=-1ms", "seed=-3", "rate=1"} {
+	for _, bad := range []string{
+		"loss", "loss=2", "loss=x", "delay=-1ms", "seed=-3", "rate=1",
+		"loss=NaN", "loss=nan%", "duplicate=NaN", "reorder=NaN%", "loss=Inf", "reorder=-0.1",
+	} {
 		if _, err := Parse(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
