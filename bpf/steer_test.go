@@ -102,15 +102,6 @@ func listen(t *testing.T, h topology.Host) net.Listener {
 	return ln
 }
 
-// dial connects from h to addr with the kernel's TCP.
-func dial(h topology.Host, addr netip.AddrPort, timeout time.Duration) (net.Conn, error) {
-	c, err := h.DialTCP(addr, timeout)
-	if err != nil {
-		return nil, err // not a nil *TCPConn in an interface
-	}
-	return c, nil
-}
-
 // accept returns the next connection of ln, or fails the test after 5 s.
 func accept(t *testing.T, ln net.Listener) net.Conn {
 	t.Helper()
@@ -187,7 +178,7 @@ func TestSteering(t *testing.T) {
 			t.Run("kernel-tcp", func(t *testing.T) {
 				ln := listen(t, p.B)
 				before := stats(t, s)
-				c, err := dial(p.A, addrPort(ln.Addr()), 5*time.Second)
+				c, err := p.A.DialTCP(addrPort(ln.Addr()), 5*time.Second)
 				if err != nil {
 					t.Fatalf("dial: %v", err)
 				}
@@ -216,7 +207,7 @@ func TestSteering(t *testing.T) {
 				const dials = 3
 				for i := range dials {
 					start := time.Now()
-					c, err := dial(p.A, to, 3*time.Second)
+					c, err := p.A.DialTCP(to, 3*time.Second)
 					if err == nil {
 						c.Close()
 						t.Fatalf("dial %d to %v connected; nothing listens there", i, to)
@@ -241,7 +232,7 @@ func TestSteering(t *testing.T) {
 					t.Errorf("second RemoveListen: %v, want ErrNotFound", err)
 				}
 				before = stats(t, s)
-				if c, err := dial(p.A, to, 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+				if c, err := p.A.DialTCP(to, 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 					if c != nil {
 						c.Close()
 					}
@@ -254,7 +245,7 @@ func TestSteering(t *testing.T) {
 
 			t.Run("flow", func(t *testing.T) {
 				ln := listen(t, p.B)
-				c, err := dial(p.A, addrPort(ln.Addr()), 5*time.Second)
+				c, err := p.A.DialTCP(addrPort(ln.Addr()), 5*time.Second)
 				if err != nil {
 					t.Fatalf("dial: %v", err)
 				}
@@ -321,37 +312,29 @@ func TestSteering(t *testing.T) {
 // over a UMEM of 16 frames. Nothing is put on its fill ring, so every
 // frame redirected to it is dropped and counted in RXDropped: enough to
 // tell that the redirect reached the socket.
+//
+// The UMEM is plain memory until the first socket over it registers it
+// with the kernel, so only the lookup of the interface and the socket are
+// made inside h's namespace.
 func newXSKSocket(h topology.Host, queue int) (*xsk.Socket, error) {
-	ifi, err := interfaceIn(h)
+	u, err := xsk.NewUMEM(xsk.UMEMOptions{FrameCount: 16, Name: "bpf-test"})
 	if err != nil {
 		return nil, err
 	}
 	var x *xsk.Socket
 	err = h.Do(func() error {
-		u, err := xsk.NewUMEM(xsk.UMEMOptions{FrameCount: 16, Name: "bpf-test"})
-		if err != nil {
-			return err
-		}
-		x, err = xsk.NewSocket(u, xsk.SocketOptions{Ifindex: ifi, QueueID: uint32(queue), Mode: xsk.ModeCopy})
-		if err != nil {
-			u.Close()
-		}
-		return err
-	})
-	return x, err
-}
-
-func interfaceIn(h topology.Host) (int, error) {
-	var idx int
-	err := h.Do(func() error {
 		ifi, err := net.InterfaceByName(h.Link)
 		if err != nil {
 			return err
 		}
-		idx = ifi.Index
-		return nil
+		x, err = xsk.NewSocket(u, xsk.SocketOptions{Ifindex: ifi.Index, QueueID: uint32(queue), Mode: xsk.ModeCopy})
+		return err
 	})
-	return idx, err
+	if err != nil {
+		u.Close()
+		return nil, err
+	}
+	return x, nil
 }
 
 // testSocket puts an AF_XDP socket into the map and checks that a steered
@@ -390,7 +373,7 @@ func testSocket(t *testing.T, p *topology.Pair, s *Steering) {
 	before, xBefore := stats(t, s), mustXSKStats(t, x)
 	// The SYN lands in the socket (and is dropped there for want of fill
 	// ring entries): no RST comes back, the dial times out.
-	if c, err := dial(p.A, to, 300*time.Millisecond); err == nil || errors.Is(err, syscall.ECONNREFUSED) {
+	if c, err := p.A.DialTCP(to, 300*time.Millisecond); err == nil || errors.Is(err, syscall.ECONNREFUSED) {
 		if c != nil {
 			c.Close()
 		}
@@ -411,7 +394,7 @@ func testSocket(t *testing.T, p *topology.Pair, s *Steering) {
 		t.Errorf("second ClearSocket: %v", err)
 	}
 	before = stats(t, s)
-	if c, err := dial(p.A, to, 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+	if c, err := p.A.DialTCP(to, 3*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 		if c != nil {
 			c.Close()
 		}

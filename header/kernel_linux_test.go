@@ -292,18 +292,13 @@ func TestKernelAcceptsEncodedSegments(t *testing.T) {
 	}
 }
 
-func linkMAC(t *testing.T, h topology.Host) (mac [6]byte) {
+func linkMAC(t *testing.T, h topology.Host) [6]byte {
 	t.Helper()
-	if err := h.Do(func() error {
-		ifc, err := net.InterfaceByName(h.Link)
-		if err == nil {
-			mac = [6]byte(ifc.HardwareAddr)
-		}
-		return err
-	}); err != nil {
+	ifc, err := h.Interface()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return mac
+	return [6]byte(ifc.HardwareAddr)
 }
 
 func run(h topology.Host, name string, args ...string) ([]byte, error) {

@@ -103,15 +103,11 @@ func newVethXSK(t testing.TB, opts topology.Options, mode link.XDPAttachFlags) (
 	if err != nil {
 		return nil, err
 	}
-	if err := p.B.Do(func() error {
-		ifi, err := net.InterfaceByName(p.B.Link)
-		if err == nil {
-			v.macB = [6]byte(ifi.HardwareAddr)
-		}
-		return err
-	}); err != nil {
+	ifiB, err := p.B.Interface()
+	if err != nil {
 		t.Fatal(err)
 	}
+	v.macB = [6]byte(ifiB.HardwareAddr)
 	// Every frame of queue 0 goes to the socket, ARP replies included, so
 	// B learns A's address statically.
 	mac := net.HardwareAddr(v.macA[:]).String()

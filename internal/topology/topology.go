@@ -201,7 +201,20 @@ func (h Host) Command(name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", h.Namespace, name}, args...)...)
 }
 
+// Interface returns the host's veth interface as seen inside its namespace:
+// its index and hardware address are those the namespace knows it by.
+func (h Host) Interface() (*net.Interface, error) {
+	var ifi *net.Interface
+	err := h.Do(func() (err error) {
+		ifi, err = net.InterfaceByName(h.Link)
+		return err
+	})
+	return ifi, err
+}
+
 // ListenTCP opens a kernel TCP listener on addr in the host's namespace.
+// The listener is IPv4 only ("tcp4"): addr must be an IPv4 address or the
+// unspecified one.
 func (h Host) ListenTCP(addr netip.AddrPort) (*net.TCPListener, error) {
 	var ln *net.TCPListener
 	err := h.Do(func() error {
@@ -214,7 +227,8 @@ func (h Host) ListenTCP(addr netip.AddrPort) (*net.TCPListener, error) {
 	return ln, err
 }
 
-// DialTCP connects from the host's namespace to addr with the kernel's TCP.
+// DialTCP connects from the host's namespace to addr with the kernel's TCP,
+// over IPv4 ("tcp4"): addr must be an IPv4 address.
 func (h Host) DialTCP(addr netip.AddrPort, timeout time.Duration) (*net.TCPConn, error) {
 	var c *net.TCPConn
 	err := h.Do(func() error {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +29,20 @@ func TestPairCarriesTCPAndHonoursOptions(t *testing.T) {
 			t.Errorf("link of A lacks %q:\n%s", want, out)
 		}
 	}
+	// Interface sees the link from inside the namespace: the index and
+	// address ip prints there.
+	ifi, err := p.A.Interface()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ifi.Name != p.A.Link || ifi.MTU != 3000 || len(ifi.HardwareAddr) != 6 ||
+		!strings.HasPrefix(string(out), strconv.Itoa(ifi.Index)+": "+p.A.Link+"@") ||
+		!strings.Contains(string(out), "link/ether "+ifi.HardwareAddr.String()+" ") {
+		t.Errorf("Interface of A: %s index %d mtu %d mac %v; ip link shows\n%s", ifi.Name, ifi.Index, ifi.MTU, ifi.HardwareAddr, out)
+	}
+	if _, err := (Host{Namespace: p.A.Namespace, Link: p.B.Link}).Interface(); err == nil {
+		t.Errorf("Interface found %s in A's namespace", p.B.Link)
+	}
 	out, err = p.B.Command("ethtool", "-k", p.B.Link).CombinedOutput()
 	if err != nil {
 		t.Fatalf("ethtool -k: %v: %s", err, out)
@@ -39,11 +54,8 @@ func TestPairCarriesTCPAndHonoursOptions(t *testing.T) {
 	}
 
 	// A listener in B, a dialer in A: the sockets live in their namespaces.
-	var ln net.Listener
-	if err := p.B.Do(func() (err error) {
-		ln, err = net.Listen("tcp4", net.JoinHostPort(p.B.Addr.Addr().String(), "0"))
-		return err
-	}); err != nil {
+	ln, err := p.B.ListenTCP(netip.AddrPortFrom(p.B.Addr.Addr(), 0))
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
@@ -59,15 +71,16 @@ func TestPairCarriesTCPAndHonoursOptions(t *testing.T) {
 		b, _ := io.ReadAll(c)
 		got <- b
 	}()
-	if err := p.A.Do(func() error {
-		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
-		if err != nil {
-			return err
-		}
-		defer c.Close()
-		_, err = c.Write(payload)
-		return err
-	}); err != nil {
+	c, err := p.A.DialTCP(ln.Addr().(*net.TCPAddr).AddrPort(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if la, ra := c.LocalAddr().(*net.TCPAddr).AddrPort().Addr(), c.RemoteAddr().(*net.TCPAddr).AddrPort().Addr(); la != p.A.Addr.Addr() || ra != p.B.Addr.Addr() {
+		t.Errorf("connection %v -> %v, want %v -> %v", la, ra, p.A.Addr.Addr(), p.B.Addr.Addr())
+	}
+	_, err = c.Write(payload)
+	c.Close()
+	if err != nil {
 		t.Fatal(err)
 	}
 	select {

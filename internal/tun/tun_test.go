@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -54,14 +53,12 @@ func TestKernelTCPSynRefused(t *testing.T) {
 
 	dialed := make(chan error, 1)
 	go func() {
-		dialed <- tp.Peer.Do(func() error {
-			c, err := net.DialTimeout("tcp4", netip.AddrPortFrom(tp.EngineAddr, port).String(), 10*time.Second)
-			if err == nil {
-				c.Close()
-				return errors.New("connected")
-			}
-			return err
-		})
+		c, err := tp.Peer.DialTCP(netip.AddrPortFrom(tp.EngineAddr, port), 10*time.Second)
+		if err == nil {
+			c.Close()
+			err = errors.New("connected")
+		}
+		dialed <- err
 	}()
 
 	buf := make([]byte, 2048)
@@ -79,8 +76,10 @@ func TestKernelTCPSynRefused(t *testing.T) {
 			t.Fatalf("waiting for the SYN: %v", err)
 		}
 		pkt := buf[:n]
-		if ip, ok := parseIPv4(t, pkt); ok && ip.proto == syscall.IPPROTO_TCP &&
-			len(ip.payload) >= 20 && binary.BigEndian.Uint16(ip.payload[2:]) == port {
+		// Only the port here: a SYN with a bad data offset must fail below,
+		// not be skipped, so IsValid comes after.
+		if ip, ok := parseIPv4(t, pkt); ok && ip.proto == header.IPProtocolTCP &&
+			len(ip.payload) >= header.TCPMinLen && header.TCP(ip.payload).DstPort() == port {
 			syn = pkt
 		}
 	}
@@ -89,32 +88,31 @@ func TestKernelTCPSynRefused(t *testing.T) {
 	if ip.src != tp.PeerAddr || ip.dst != tp.EngineAddr {
 		t.Errorf("SYN %v -> %v, want %v -> %v", ip.src, ip.dst, tp.PeerAddr, tp.EngineAddr)
 	}
-	seg := ip.payload
-	dataOff := int(seg[12]>>4) * 4
-	if dataOff < 20 || dataOff > len(seg) {
-		t.Fatalf("TCP data offset %d in a %d-byte segment", dataOff, len(seg))
+	seg := header.TCP(ip.payload)
+	if !seg.IsValid(len(seg)) {
+		t.Fatalf("TCP data offset %d in a %d-byte segment", seg.DataOffset(), len(seg))
 	}
-	const synFlag, rstFlag, ackFlag = 0x02, 0x04, 0x10
-	if flags := seg[13]; flags != synFlag {
+	if flags := seg.Flags(); flags != header.TCPFlagSYN {
 		t.Errorf("TCP flags %#02x, want SYN only", flags)
 	}
-	if len(seg) != dataOff {
-		t.Errorf("SYN carries %d bytes of data", len(seg)-dataOff)
+	if n := len(seg.Payload()); n != 0 {
+		t.Errorf("SYN carries %d bytes of data", n)
 	}
-	if s := transportChecksum(ip.src, ip.dst, syscall.IPPROTO_TCP, seg); s != 0 {
-		t.Errorf("TCP checksum does not verify (sum %#04x)", s)
+	if !seg.IsChecksumValid(ip.src, ip.dst) {
+		t.Errorf("TCP checksum does not verify (field %#04x)", seg.Checksum())
 	}
 
 	// RFC 9293 §3.10.7.1: a segment without ACK to a CLOSED port is
 	// answered <SEQ=0><ACK=SEG.SEQ+SEG.LEN><CTL=RST,ACK>; the SYN counts 1.
-	rstAck := make([]byte, 20)
-	copy(rstAck[0:2], seg[2:4]) // source port: the one dialed
-	copy(rstAck[2:4], seg[0:2]) // destination port: the client's
-	binary.BigEndian.PutUint32(rstAck[8:], binary.BigEndian.Uint32(seg[4:])+1)
-	rstAck[12] = 5 << 4
-	rstAck[13] = rstFlag | ackFlag
-	binary.BigEndian.PutUint16(rstAck[16:], transportChecksum(ip.dst, ip.src, syscall.IPPROTO_TCP, rstAck))
-	if err := tp.Dev.WritePacket(buildIPv4(ip.dst, ip.src, syscall.IPPROTO_TCP, rstAck)); err != nil {
+	rstAck := header.TCP(make([]byte, header.TCPMinLen))
+	rstAck.Encode(&header.TCPFields{
+		SrcPort: seg.DstPort(), // the one dialed
+		DstPort: seg.SrcPort(), // the client's
+		Ack:     seg.Seq() + 1,
+		Flags:   header.TCPFlagRST | header.TCPFlagACK,
+	})
+	rstAck.SetChecksum(ip.dst, ip.src)
+	if err := tp.Dev.WritePacket(buildIPv4(ip.dst, ip.src, header.IPProtocolTCP, rstAck)); err != nil {
 		t.Fatal(err)
 	}
 
@@ -353,14 +351,6 @@ func buildIPv4(src, dst netip.Addr, proto uint8, payload []byte) []byte {
 	header.IPv4(pkt).Encode(&header.IPv4Fields{TotalLen: uint16(len(pkt)), DontFragment: true, TTL: 64, Protocol: proto, Src: src, Dst: dst})
 	copy(pkt[header.IPv4MinLen:], payload)
 	return pkt
-}
-
-// transportChecksum is the TCP/UDP checksum of seg over the IPv4
-// pseudo-header (RFC 9293 §3.1). Over a segment whose checksum field is set
-// it returns 0 when the checksum verifies; over one whose field is zero it
-// returns the value to put there.
-func transportChecksum(src, dst netip.Addr, proto uint8, seg []byte) uint16 {
-	return ^header.Checksum(seg, header.PseudoHeaderChecksum(proto, src, dst, uint16(len(seg))))
 }
 
 // icmpChecksum is the ICMP checksum of b (RFC 792): 0 over a message whose
