@@ -141,10 +141,11 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 	var ethertype uint16
 	switch link {
 	case LinkEthernet:
-		if len(b) < 14 {
+		e := header.Ethernet(b)
+		if !e.IsValid() {
 			return Segment{}, errors.New("pcap: short Ethernet header")
 		}
-		ethertype, b = binary.BigEndian.Uint16(b[12:]), b[14:]
+		ethertype, b = e.Type(), e.Payload()
 		for ethertype == 0x8100 || ethertype == 0x88a8 { // VLAN tags
 			if len(b) < 4 {
 				return Segment{}, errors.New("pcap: short VLAN tag")
@@ -165,9 +166,9 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 		if len(b) == 0 {
 			return Segment{}, errors.New("pcap: empty packet")
 		}
-		ethertype = 0x0800
-		if b[0]>>4 == 6 {
-			ethertype = 0x86dd
+		ethertype = header.EtherTypeIPv4
+		if b[0]>>4 == header.IPv6Version {
+			ethertype = header.EtherTypeIPv6
 		}
 	default:
 		return Segment{}, fmt.Errorf("pcap: link type %d not supported", link)
@@ -176,34 +177,37 @@ func DecodeTCP(link uint32, p Packet) (Segment, error) {
 	short := p.OrigLen - len(p.Data)
 	var src, dst netip.Addr
 	switch ethertype {
-	case 0x0800:
-		if len(b) < 20 || b[0]>>4 != 4 {
+	case header.EtherTypeIPv4:
+		// Not ip.IsValid: the snap length may have cut the datagram
+		// short of its Total Length.
+		ip := header.IPv4(b)
+		if len(b) < header.IPv4MinLen || ip.Version() != header.IPv4Version {
 			return Segment{}, errors.New("pcap: bad IPv4 header")
 		}
-		ihl := int(b[0]&0xf) * 4
-		total := int(binary.BigEndian.Uint16(b[2:]))
-		if ihl < 20 || total < ihl || len(b)+short < total {
+		ihl, total := ip.HeaderLen(), ip.TotalLen()
+		if ihl < header.IPv4MinLen || total < ihl || len(b)+short < total {
 			return Segment{}, errors.New("pcap: bad IPv4 lengths")
 		}
-		if b[9] != 6 {
+		if ip.Protocol() != header.IPProtocolTCP {
 			return Segment{}, ErrNotTCP
 		}
-		if frag := binary.BigEndian.Uint16(b[6:]); frag&0x3fff != 0 {
+		if ip.IsFragment() {
 			return Segment{}, errors.New("pcap: fragmented IPv4 packet (reassembly not supported)")
 		}
-		src, dst = header.IPv4(b).Src(), header.IPv4(b).Dst()
+		src, dst = ip.Src(), ip.Dst()
 		short = total - min(total, len(b)) // Ethernet padding trimmed below
 		b = b[ihl:min(total, len(b))]
-	case 0x86dd:
-		if len(b) < 40 || b[0]>>4 != 6 {
+	case header.EtherTypeIPv6:
+		ip := header.IPv6(b)
+		if len(b) < header.IPv6Len || b[0]>>4 != header.IPv6Version {
 			return Segment{}, errors.New("pcap: bad IPv6 header")
 		}
-		plen := int(binary.BigEndian.Uint16(b[4:]))
-		next := b[6]
-		src, dst = header.IPv6(b).Src(), header.IPv6(b).Dst()
-		short = 40 + plen - min(40+plen, len(b))
-		b = b[40:min(40+plen, len(b))]
-		for next != 6 {
+		end := header.IPv6Len + ip.PayloadLen()
+		next := ip.NextHeader()
+		src, dst = ip.Src(), ip.Dst()
+		short = end - min(end, len(b))
+		b = b[header.IPv6Len:min(end, len(b))]
+		for next != header.IPProtocolTCP {
 			switch next {
 			case 0, 43, 60: // hop-by-hop, routing, destination options
 				if len(b) < 8 || len(b) < 8+int(b[1])*8 {
