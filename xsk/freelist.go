@@ -76,7 +76,7 @@ func (f *FreeList) AllocN(dst []uint64) int {
 // Free returns the frame that contains addr to the list.
 func (f *FreeList) Free(addr uint64) {
 	base := addr &^ (f.frameSize - 1)
-	i := base>>f.shift - f.first // wraps to a huge value below the range
+	i := addr>>f.shift - f.first // wraps to a huge value below the range
 	if i >= f.count {
 		panic(fmt.Sprintf("xsk: free of address %#x outside frames %d..%d", addr, f.first, f.first+f.count-1))
 	}
