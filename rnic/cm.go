@@ -100,10 +100,8 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 		return nil, &RejectedError{PrivateData: clone(reply.PrivateData)}
 	}
 	if err != nil {
-		// RFC 6581 §9: IRD or RTR failures are reported in a Terminate.
-		var te ddp.TerminateError
-		if errors.As(err, &te) && (te == ddp.LLPInsufficientIRD || te == ddp.LLPNoMatchingRTR) {
-			sendTerminate(conn, p, te)
+		if wire := negotiationTerminate(p, err); wire != nil {
+			_, _ = conn.Write(wire)
 		}
 		conn.Close()
 		return nil, fmt.Errorf("connect %s: %w", raddr, err)
@@ -155,14 +153,44 @@ func ioErr(err error) error {
 	return fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err)
 }
 
-// sendTerminate sends a lone Terminate on a connection that never reached
-// RTS (MPA negotiation failures).
-func sendTerminate(conn net.Conn, p mpa.Params, cause ddp.TerminateError) {
+// negotiationTerminate is the lone Terminate (framed) that reports an MPA
+// negotiation failure of the initiator on a connection that never reached
+// RTS (RFC 6581 §9: IRD or RTR failures), or nil for other failures.
+func negotiationTerminate(p mpa.Params, err error) []byte {
+	var cause ddp.TerminateError
+	if !errors.As(err, &cause) || (cause != ddp.LLPInsufficientIRD && cause != ddp.LLPNoMatchingRTR) {
+		return nil
+	}
 	f := ddp.TerminateFields{Error: cause}
 	body := make([]byte, ddp.UntaggedHeaderLen+f.Len())
 	ddp.Untagged(body).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpTerminate, QN: ddp.QNTerminate, MSN: 1})
 	ddp.Terminate(body[ddp.UntaggedHeaderLen:]).Encode(&f)
-	_, _ = conn.Write(mpa.NewFramer(p.CRC, p.MarkersTx).Append(nil, body, nil))
+	return mpa.NewFramer(p.CRC, p.MarkersTx).Append(nil, body, nil)
+}
+
+// acceptWire is the MPA Reply that accepts req with cfg, and the
+// negotiated parameters. An initiator IRD below our ORD shrinks our ORD
+// (RFC 6581 §9.1 lets us reject instead; a consumer that needs the depth
+// can check ORD).
+func acceptWire(cfg mpa.Config, req *mpa.Frame) ([]byte, mpa.Params, error) {
+	reply, p, err := cfg.Accept(req)
+	if err != nil && !errors.Is(err, ddp.LLPInsufficientIRD) {
+		return nil, p, err
+	}
+	wire, err := reply.Append(nil)
+	return wire, p, err
+}
+
+// rejectWire is the MPA Reply that rejects req with private data, or nil
+// when none can be built.
+func rejectWire(req *mpa.Frame, private []byte) []byte {
+	cfg := mpa.Config{PrivateData: private}
+	reply, err := cfg.Reject(req)
+	if err != nil {
+		return nil
+	}
+	wire, _ := reply.Append(nil)
+	return wire
 }
 
 // ListenOptions configure a Listener.
@@ -350,15 +378,7 @@ func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	if !cr.answer() {
 		return ErrAnswered
 	}
-	cfg := q.mpaConfig(private)
-	// An initiator IRD below our ORD shrinks our ORD (RFC 6581 §9.1 lets
-	// us reject instead; a consumer that needs the depth can check ORD).
-	reply, p, err := cfg.Accept(&cr.req)
-	if err != nil && !errors.Is(err, ddp.LLPInsufficientIRD) {
-		cr.conn.Close()
-		return fmt.Errorf("accept: %w", err)
-	}
-	wire, err := reply.Append(nil)
+	wire, p, err := acceptWire(q.mpaConfig(private), &cr.req)
 	if err != nil {
 		cr.conn.Close()
 		return fmt.Errorf("accept: %w", err)
@@ -387,10 +407,7 @@ func (cr *ConnRequest) Reject(private []byte) error {
 	if cr.ec != nil {
 		return cr.rejectEngine(private)
 	}
-	cfg := mpa.Config{PrivateData: private}
-	reply, err := cfg.Reject(&cr.req)
-	if err == nil {
-		wire, _ := reply.Append(nil)
+	if wire := rejectWire(&cr.req, private); wire != nil {
 		_ = cr.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = cr.conn.Write(wire)
 	}

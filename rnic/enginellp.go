@@ -88,6 +88,15 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 				if errors.Is(err, mpa.ErrRejected) {
 					e.Rejected = append([]byte{}, f.PrivateData...)
 				}
+				if wire := negotiationTerminate(p, err); wire != nil {
+					// The Terminate goes out, then our FIN, as on the
+					// kernel datapath; the consumer learns of the
+					// failure at once (see engineConn.Receive).
+					e.Err = fmt.Errorf("mpa startup: %w", err)
+					e.out, e.closeAfter = wire, true
+					c.Kick()
+					return len(b)
+				}
 				e.fail(c, err)
 				return len(b)
 			}
@@ -101,12 +110,12 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 			e.OnRequest(e, &e.req)
 			return len(b)
 		} else {
-			reply, p, err := e.cfg.Accept(&f)
+			wire, p, err := acceptWire(e.cfg, &f)
 			if err != nil {
 				e.fail(c, err)
 				return len(b)
 			}
-			e.out, _ = reply.Append(nil)
+			e.out = wire
 			e.start(c, p)
 		}
 		e.startup = nil
@@ -133,15 +142,12 @@ func (e *EngineLLP) Accept(q *qp.QP, cfg mpa.Config) error {
 	}
 	e.waiting = false
 	e.qp, e.cfg = q, cfg
-	reply, p, err := cfg.Accept(&e.req)
-	if err != nil && !errors.Is(err, ddp.LLPInsufficientIRD) {
+	wire, p, err := acceptWire(cfg, &e.req)
+	if err != nil {
 		e.fail(e.conn, err)
 		return e.Err
 	}
-	if e.out, err = reply.Append(nil); err != nil {
-		e.fail(e.conn, err)
-		return e.Err
-	}
+	e.out = wire
 	e.start(e.conn, p)
 	e.conn.Kick()
 	return e.Err
@@ -154,13 +160,9 @@ func (e *EngineLLP) Reject(private []byte) {
 		return
 	}
 	e.waiting = false
-	cfg := mpa.Config{PrivateData: private}
-	reply, err := cfg.Reject(&e.req)
-	if err == nil {
-		e.out, err = reply.Append(nil)
-	}
+	e.out = rejectWire(&e.req, private)
 	e.Err = mpa.ErrRejected
-	if err != nil || len(e.out) == 0 {
+	if len(e.out) == 0 {
 		e.conn.Close()
 		return
 	}

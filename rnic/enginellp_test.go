@@ -2,12 +2,14 @@ package rnic
 
 import (
 	"bytes"
+	"errors"
 	"math/rand/v2"
 	"net/netip"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/tcp"
@@ -152,6 +154,52 @@ func TestQPOverTCPEngine(t *testing.T) {
 		}
 		if n.AB.Stats.Lost+n.BA.Stats.Lost == 0 {
 			t.Fatal("the link lost nothing: the test did not exercise retransmission")
+		}
+	}
+}
+
+// An initiator whose negotiation fails on the Reply (RFC 6581 §9: here
+// no RTR in common) tells the responder in a Terminate before it
+// closes, as the kernel datapath does; it used to reset the connection
+// with nothing said.
+func TestEngineNegotiationFailureTerminates(t *testing.T) {
+	o := tcp.Options{Secret: [16]byte{9}}
+	sa, err := tcp.NewStack(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sb, err := tcp.NewStack(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := func() *sim.Link { return &sim.Link{Delay: time.Millisecond} }
+	n := sim.New(7, sa, sb, link(), link())
+	a, b := newEngineSide(t, 1), newEngineSide(t, 2)
+	resp := &responder{llp: NewEngineLLP(b.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRWrite}, false)}
+	if _, err := sb.Listen(netip.Addr{}, 4791, resp); err != nil {
+		t.Fatal(err)
+	}
+	init := NewEngineLLP(a.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRRead}, true)
+	if _, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 4791), init); err != nil {
+		t.Fatal(err)
+	}
+	got := func() bool {
+		for _, e := range b.events {
+			if e.Kind == qp.TerminateReceived {
+				return true
+			}
+		}
+		return false
+	}
+	if !n.Run(10*time.Second, got) {
+		t.Fatalf("responder events %v; initiator error %v", b.events, init.Err)
+	}
+	if init.Ready() || !errors.Is(init.Err, ddp.LLPNoMatchingRTR) {
+		t.Fatalf("initiator ready %v, error %v", init.Ready(), init.Err)
+	}
+	for _, e := range b.events {
+		if e.Kind == qp.TerminateReceived && !errors.Is(e.Err, ddp.LLPNoMatchingRTR) {
+			t.Fatalf("the Terminate says %v", e.Err)
 		}
 	}
 }

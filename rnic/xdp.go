@@ -257,6 +257,11 @@ func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
 	}
 	n := ec.llp.Receive(c, b)
 	ec.unlock()
+	if ec.result != nil && ec.llp.Err != nil && !ec.llp.Ready() {
+		// Startup failed on the peer's Reply (the connection may close
+		// gracefully after a Terminate): the active open learns now.
+		ec.report(ec.startupErr(c))
+	}
 	return n
 }
 
@@ -287,21 +292,26 @@ func (ec *engineConn) Event(c *tcp.Conn, ev tcp.Event) {
 		return
 	}
 	if ec.result != nil && !ec.llp.Ready() {
-		err := ec.llp.Err
-		switch {
-		case ec.llp.Rejected != nil:
-			err = &RejectedError{PrivateData: ec.llp.Rejected}
-		case err == nil && c.Err() != nil:
-			err = fmt.Errorf("%w: %v", ErrUnreachable, c.Err())
-		case err == nil:
-			err = fmt.Errorf("%w: connection closed during MPA startup", ErrUnreachable)
-		}
-		ec.report(err)
+		ec.report(ec.startupErr(c))
 	}
 	if ec.req != nil {
 		// The peer left while the consumer decided: the answer fails.
 		ec.req.gone.Store(true)
 	}
+}
+
+// startupErr is why an active open's MPA startup failed.
+func (ec *engineConn) startupErr(c *tcp.Conn) error {
+	err := ec.llp.Err
+	switch {
+	case ec.llp.Rejected != nil:
+		err = &RejectedError{PrivateData: ec.llp.Rejected}
+	case err == nil && c.Err() != nil:
+		err = fmt.Errorf("%w: %v", ErrUnreachable, c.Err())
+	case err == nil:
+		err = fmt.Errorf("%w: connection closed during MPA startup", ErrUnreachable)
+	}
+	return err
 }
 
 // report delivers an active open's outcome.
