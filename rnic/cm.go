@@ -12,7 +12,6 @@ import (
 
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
-	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/xdpnet"
 )
 
@@ -45,7 +44,7 @@ type ConnectOptions struct {
 // Established event, and returned.
 func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
 	q.mu.Lock()
-	busy := q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.busyLocked()
 	q.mu.Unlock()
 	if busy {
 		return nil, ErrState
@@ -367,7 +366,7 @@ func (cr *ConnRequest) answer() bool {
 // Accept catch the peer's first messages.
 func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	q.mu.Lock()
-	busy := q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
+	busy := q.busyLocked()
 	q.mu.Unlock()
 	if busy {
 		return ErrState

@@ -480,13 +480,23 @@ const nudgeDelay = 50 * time.Millisecond
 // nudgeIfSilent sends a zero-length Write if the peer has sent nothing
 // since the connection came up although we have sent it FPDUs: Linux siw
 // loses the wake-up for FPDUs that arrive between its MPA Reply and its
+// busyLocked: the QP has, or is getting, a connection, or cannot take one;
+// q.mu held.
+func (q *QP) busyLocked() bool {
+	return q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
+}
+
 // QP taking over the socket, and waits until more data comes.
 func (q *QP) nudgeIfSilent() {
 	if q.heard.Load() {
 		return
 	}
 	q.mu.Lock()
-	if q.sentTot > 0 {
+	sent := q.sentTot > 0
+	if q.ec != nil {
+		sent = q.ec.llp.sent > 0 // the engine datapath counts in its LLP
+	}
+	if sent {
 		q.eng.Nudge()
 	}
 	ec := q.ec

@@ -252,7 +252,7 @@ func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
 	ec.noteCPU()
 	// Heard: octets after MPA startup (the Reply does not count; see
 	// nudgeIfSilent).
-	if ec.q != nil && ec.llp.Ready() {
+	if ec.q != nil && ec.llp.Ready() && !ec.q.heard.Load() {
 		ec.q.heard.Store(true)
 	}
 	n := ec.llp.Receive(c, b)
@@ -273,9 +273,6 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 	ec.lock()
 	ec.noteCPU()
 	n := ec.llp.Fill(c, dst)
-	if ec.q != nil {
-		ec.q.sentTot = ec.llp.sent
-	}
 	ec.unlock()
 	return n
 }
@@ -389,7 +386,7 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 	ec.result = make(chan error, 1)
 	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
 	q.mu.Lock()
-	if q.ec != nil || q.conn != nil {
+	if q.busyLocked() { // Connect looked before unlocking
 		q.mu.Unlock()
 		return nil, ErrState
 	}
@@ -397,7 +394,9 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 	q.mu.Unlock()
 	fail := func(err error) ([]byte, error) {
 		q.mu.Lock()
-		q.ec = nil
+		if q.ec == ec {
+			q.ec = nil
+		}
 		q.mu.Unlock()
 		return nil, err
 	}
@@ -523,7 +522,7 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
 	}
 	q.mu.Lock()
-	if q.ec != nil || q.accepting || q.eng.Ended() {
+	if q.busyLocked() { // Accept looked before unlocking
 		q.mu.Unlock()
 		return ErrState
 	}
