@@ -128,8 +128,7 @@ func (pd *PD) Free() error {
 type stagTable struct {
 	chunks atomic.Pointer[[]*stagChunk]
 	mu     sync.Mutex
-	next   uint32 // the next index never used
-	keys   []uint8
+	keys   []uint8 // by index; its length is the next index never used
 	free   []uint32
 }
 
@@ -174,17 +173,14 @@ func (t *stagTable) insert(m *qp.MR) error {
 	} else {
 		// Index 0 is never used: STag 0 is reserved in many stacks,
 		// and the RTR STag 1 must not name a real region.
-		if t.next == 0 {
-			t.next = 1
-		}
-		if t.next > MaxSTagIndex {
-			return ErrResources
-		}
-		idx = t.next
-		t.next++
-		for len(t.keys) <= int(idx) {
+		if len(t.keys) == 0 {
 			t.keys = append(t.keys, 0)
 		}
+		if len(t.keys) > MaxSTagIndex {
+			return ErrResources
+		}
+		idx = uint32(len(t.keys))
+		t.keys = append(t.keys, 0)
 	}
 	t.keys[idx]++
 	m.STag = idx<<8 | uint32(t.keys[idx])
@@ -196,7 +192,7 @@ func (t *stagTable) remove(m *qp.MR) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	idx := m.STag >> 8
-	if idx == 0 || idx >= t.next {
+	if idx == 0 || int(idx) >= len(t.keys) {
 		return
 	}
 	if s := t.slot(idx); s.Load() == m {
