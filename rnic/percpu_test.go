@@ -43,18 +43,42 @@ func newXDPSide(t testing.TB, h topology.Host, o XDPOptions) *xdpSide {
 }
 
 // qp makes a QP whose CQs are on the given vector.
-func (s *xdpSide) qp(t *testing.T, vector int) (*QP, *completion.CQ, *completion.CQ) {
+func (s *xdpSide) qp(t testing.TB, vector, sqDepth int) (*QP, *completion.CQ, *completion.CQ) {
 	t.Helper()
 	scq, err := s.dev.CreateCQ(1024, vector)
 	must(t, err)
 	rcq, err := s.dev.CreateCQ(1024, vector)
 	must(t, err)
-	q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
+	q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: sqDepth, RQDepth: 64, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
 	must(t, err)
 	return q, scq, rcq
 }
 
-func (s *xdpSide) mr(t *testing.T, n int, access qp.Access, seed byte) *MR {
+// connectVia connects qa, from h's namespace, to addr, where ln's next
+// request is accepted onto qb.
+func connectVia(t testing.TB, h topology.Host, ln *Listener, addr string, qa, qb *QP) {
+	t.Helper()
+	accepted := make(chan error, 1)
+	go func() {
+		cr, err := ln.Accept(context.Background())
+		if err == nil {
+			err = cr.Accept(qb, nil)
+		}
+		accepted <- err
+	}()
+	if err := h.Do(func() error {
+		_, err := qa.Connect(context.Background(), addr, ConnectOptions{Timeout: 10 * time.Second})
+		return err
+	}); err != nil {
+		t.Fatalf("connect to %s: %v", addr, err)
+	}
+	if err := <-accepted; err != nil {
+		t.Fatalf("accept at %s: %v", addr, err)
+	}
+}
+
+func (s *xdpSide) mr(t testing.TB, n int, access qp.Access, seed byte) *MR {
+	t.Helper()
 	m, err := s.dev.RegisterMR(s.pd, make([]byte, n), 0x1000, access)
 	must(t, err)
 	for i := range m.Buf {
@@ -93,8 +117,8 @@ func TestPerProcessorCompletions(t *testing.T) {
 	var qps []*QP
 	for i, vec := range [][2]int{{0, 1}, {1, 0}} {
 		ca, cb := end{}, end{}
-		ca.q, ca.scq, ca.rcq = a.qp(t, vec[0])
-		cb.q, cb.scq, cb.rcq = b.qp(t, vec[1])
+		ca.q, ca.scq, ca.rcq = a.qp(t, vec[0], 64)
+		cb.q, cb.scq, cb.rcq = b.qp(t, vec[1], 64)
 		qps = append(qps, ca.q, cb.q)
 		src := a.mr(t, writeLen, 0, byte(i+1))
 		sink := a.mr(t, readLen, qp.LocalWrite, 0)
@@ -104,23 +128,7 @@ func TestPerProcessorCompletions(t *testing.T) {
 		rsrc := b.mr(t, readLen, qp.RemoteRead, byte(i+9))
 		must(t, cb.q.PostRecv(&qp.RecvWR{ID: 100, SGL: []qp.SGE{{LKey: rbuf.STag, Addr: rbuf.Base, Length: 64}}}))
 
-		done := make(chan error, 1)
-		go func() {
-			cr, err := ln.Accept(context.Background())
-			if err == nil {
-				err = cr.Accept(cb.q, nil)
-			}
-			done <- err
-		}()
-		if err := tp.A.Do(func() error {
-			_, err := ca.q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 10 * time.Second})
-			return err
-		}); err != nil {
-			t.Fatalf("connection %d: connect: %v", i, err)
-		}
-		if err := <-done; err != nil {
-			t.Fatalf("connection %d: accept: %v", i, err)
-		}
+		connectVia(t, tp.A, ln, net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ca.q, cb.q)
 		for _, wr := range []*qp.SendWR{
 			{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: writeLen}}, RemoteSTag: dst.STag, RemoteTO: dst.Base},
 			{ID: 2, Op: qp.OpSend, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: msg.STag, Addr: msg.Base, Length: 64}}},
@@ -201,7 +209,7 @@ func TestEngineCloseTimeout(t *testing.T) {
 		}
 		held <- c // never closed before the test ends
 	}()
-	q, _, _ := a.qp(t, 0)
+	q, _, _ := a.qp(t, 0, 64)
 	if _, err := q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
 		t.Fatal(err)
 	}

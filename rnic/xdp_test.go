@@ -99,12 +99,7 @@ func testQPOverXDP(t *testing.T, mode bpf.Mode) {
 			t.Fatalf("kernel-side completion %d: %+v", i, c)
 		}
 	}
-	var rc []completion.Completion
-	deadline := time.Now().Add(10 * time.Second)
-	for len(rc) == 0 && time.Now().Before(deadline) {
-		drain(eng.rcq, &rc)
-		time.Sleep(time.Millisecond)
-	}
+	rc := wait(t, eng.rcq, 1)
 	if len(rc) != 1 || rc[0].Status != completion.Success || rc[0].ByteLen != 64 {
 		t.Fatalf("engine-side receive completions %+v", rc)
 	}

@@ -1,7 +1,6 @@
 package rnic
 
 import (
-	"context"
 	"net"
 	"runtime"
 	"testing"
@@ -24,19 +23,9 @@ func benchSide(b *testing.B, h topology.Host, cpu int) *xdpSide {
 func benchConnect(b *testing.B, tp *topology.Pair, srv *xdpSide, qa, qb *QP) {
 	addr := net.JoinHostPort(tp.B.Addr.Addr().String(), "4791")
 	ln, err := srv.dev.Listen(addr, ListenOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
+	must(b, err)
 	defer ln.Close()
-	go func() {
-		cr, err := ln.Accept(context.Background())
-		if err == nil {
-			_ = cr.Accept(qb, nil)
-		}
-	}()
-	if _, err := qa.Connect(context.Background(), addr, ConnectOptions{Timeout: 5 * time.Second}); err != nil {
-		b.Fatal(err)
-	}
+	connectVia(b, tp.A, ln, addr, qa, qb)
 }
 
 // BenchmarkXDPWrite streams 64 KiB RDMA Writes between two devices on the
@@ -45,22 +34,14 @@ func benchConnect(b *testing.B, tp *topology.Pair, srv *xdpSide, qa, qb *QP) {
 func BenchmarkXDPWrite(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
 	a, bb := benchSide(b, tp.A, 0), benchSide(b, tp.B, 1)
-	mk := func(s *xdpSide) (*QP, *completion.CQ) {
-		scq, _ := s.dev.CreateCQ(4096, 0)
-		rcq, _ := s.dev.CreateCQ(4096, 0)
-		q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: 256, RQDepth: 16, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
-		if err != nil {
-			b.Fatal(err)
-		}
-		return q, scq
-	}
-	qa, scq := mk(a)
-	qb, _ := mk(bb)
+	qa, scq, _ := a.qp(b, 0, 256)
+	qb, _, _ := bb.qp(b, 0, 256)
 	benchConnect(b, tp, bb, qa, qb)
 	const size = 64 << 10
-	src, _ := a.dev.RegisterMR(a.pd, make([]byte, size), 0, 0)
-	dst, _ := bb.dev.RegisterMR(bb.pd, make([]byte, size), 0, qp.LocalWrite|qp.RemoteWrite)
-	wr := &qp.SendWR{Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: src.STag, Length: size}}, RemoteSTag: dst.STag}
+	src := a.mr(b, size, 0, 1)
+	dst := bb.mr(b, size, qp.LocalWrite|qp.RemoteWrite, 0)
+	wr := &qp.SendWR{Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: size}},
+		RemoteSTag: dst.STag, RemoteTO: dst.Base}
 	out := make([]completion.Completion, 64)
 	b.SetBytes(size)
 	b.ResetTimer()
@@ -107,25 +88,23 @@ func BenchmarkXDPSendLatency(b *testing.B) {
 		mr       *MR
 	}
 	mk := func(s *xdpSide) *end {
-		scq, _ := s.dev.CreateCQ(4096, 0)
-		rcq, _ := s.dev.CreateCQ(4096, 0)
-		q, err := s.dev.CreateQP(s.pd, QPAttr{SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, SendCQ: scq, RecvCQ: rcq})
-		if err != nil {
-			b.Fatal(err)
-		}
-		mr, _ := s.dev.RegisterMR(s.pd, make([]byte, 64), 0, qp.LocalWrite)
-		return &end{q, scq, rcq, mr}
+		q, scq, rcq := s.qp(b, 0, 64)
+		return &end{q, scq, rcq, s.mr(b, 64, qp.LocalWrite, 0)}
 	}
 	ea, eb := mk(a), mk(bb)
+	recvWR := func(e *end) *qp.RecvWR {
+		return &qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Addr: e.mr.Base, Length: 8}}}
+	}
+	sendWR := func(e *end) *qp.SendWR {
+		return &qp.SendWR{Op: qp.OpSend, Flags: qp.Inline, SGL: []qp.SGE{{LKey: e.mr.STag, Addr: e.mr.Base, Length: 8}}}
+	}
 	for _, e := range []*end{ea, eb} {
 		for i := 0; i < 32; i++ {
-			must(b, e.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
+			must(b, e.q.PostRecv(recvWR(e)))
 		}
 	}
 	benchConnect(b, tp, bb, ea.q, eb.q)
-	send := func(e *end) {
-		must(b, e.q.PostSend(&qp.SendWR{Op: qp.OpSend, Flags: qp.Inline, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
-	}
+	send := func(e *end) { must(b, e.q.PostSend(sendWR(e))) }
 	recv := func(e *end) {
 		out := make([]completion.Completion, 1)
 		deadline := time.Now().Add(5 * time.Second)
@@ -134,24 +113,31 @@ func BenchmarkXDPSendLatency(b *testing.B) {
 				b.Fatal("no receive")
 			}
 		}
-		must(b, e.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: e.mr.STag, Length: 8}}}))
+		must(b, e.q.PostRecv(recvWR(e)))
 	}
-	stop := make(chan struct{})
-	go func() { // B echoes
+	stop, echoed := make(chan struct{}), make(chan struct{})
+	go func() { // B echoes; b.Fatal belongs to the benchmark's goroutine
+		defer close(echoed)
+		out := make([]completion.Completion, 1)
 		for {
 			select {
 			case <-stop:
 				return
 			default:
 			}
-			out := make([]completion.Completion, 1)
 			if eb.rcq.Poll(out) == 1 {
-				must(b, eb.q.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: eb.mr.STag, Length: 8}}}))
-				send(eb)
+				if err := eb.q.PostRecv(recvWR(eb)); err != nil {
+					b.Error(err)
+					return
+				}
+				if err := eb.q.PostSend(sendWR(eb)); err != nil {
+					b.Error(err)
+					return
+				}
 			}
 		}
 	}()
-	defer close(stop)
+	defer func() { close(stop); <-echoed }()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		send(ea)
