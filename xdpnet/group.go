@@ -41,12 +41,19 @@ func NewGroup() *Group {
 // handoffSlots is the capacity of the ring from one poller to another.
 const handoffSlots = 512
 
+// cacheLine is the size the ring's indices are padded to, so that the
+// consumer's and the producer's stores do not contend for one line.
+const cacheLine = 64
+
 // handoff is a single-producer single-consumer ring of frames from one
 // poller's loop to another's.
 type handoff struct {
 	frames [handoffSlots][]byte
+	_      [cacheLine]byte
 	head   atomic.Uint32 // next to take; the consumer's
+	_      [cacheLine - 4]byte
 	tail   atomic.Uint32 // next to fill; the producer's
+	_      [cacheLine - 4]byte
 }
 
 func newHandoff() *handoff {
@@ -69,8 +76,8 @@ func (h *handoff) push(frame []byte) bool {
 	return true
 }
 
-// drain gives each waiting frame to fn, at most max of them; it returns
-// how many.
+// drain gives each waiting frame to fn, at most max of them, and then
+// gives their slots back to the producer; it returns how many.
 func (h *handoff) drain(max int, fn func([]byte)) int {
 	head, tail := h.head.Load(), h.tail.Load()
 	n := 0
@@ -78,6 +85,8 @@ func (h *handoff) drain(max int, fn func([]byte)) int {
 		fn(h.frames[head%handoffSlots])
 		head++
 		n++
+	}
+	if n > 0 {
 		h.head.Store(head)
 	}
 	return n
@@ -114,13 +123,21 @@ func (g *Group) route(id tcp.FourTuple, syn bool) (owner *Poller, drop bool) {
 	return nil, false
 }
 
+// setOwner, clearOwner and setListen do nothing on a nil Group: a poller
+// alone owns everything it has.
 func (g *Group) setOwner(id tcp.FourTuple, p *Poller) {
+	if g == nil {
+		return
+	}
 	g.mu.Lock()
 	g.owners[id] = p
 	g.mu.Unlock()
 }
 
 func (g *Group) clearOwner(id tcp.FourTuple, p *Poller) {
+	if g == nil {
+		return
+	}
 	g.mu.Lock()
 	if g.owners[id] == p {
 		delete(g.owners, id)
@@ -129,6 +146,9 @@ func (g *Group) clearOwner(id tcp.FourTuple, p *Poller) {
 }
 
 func (g *Group) setListen(port uint16, p *Poller) {
+	if g == nil {
+		return
+	}
 	g.mu.Lock()
 	if p == nil {
 		delete(g.listens, port)
@@ -148,7 +168,8 @@ func (g *Group) setMoving(id tcp.FourTuple, moving bool) {
 	g.mu.Unlock()
 }
 
-// handTo queues a frame for the poller that owns its flow.
+// handTo queues a frame for the poller that owns its flow, and wakes it
+// if it sleeps (once per sleep, however many frames follow).
 func (p *Poller) handTo(to *Poller, frame []byte) {
 	h := p.out[to]
 	if h == nil || !h.push(frame) {
@@ -156,9 +177,7 @@ func (p *Poller) handTo(to *Poller, frame []byte) {
 		return
 	}
 	p.stats.HandedOff++
-	if to.sleeping.Load() {
-		to.wake()
-	}
+	to.wakeSleeping()
 }
 
 // handedWaiting reports whether another poller has handed this one frames

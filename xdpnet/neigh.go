@@ -41,9 +41,7 @@ type neighbours struct {
 	last              *neighbour
 	lastAt            tcp.Time
 	buf               []byte
-	// req and kernel are reused for every query.
-	req    [unix.SizeofNlMsghdr + unix.SizeofNdMsg + unix.SizeofRtAttr + 4]byte
-	kernel unix.SockaddrNetlink
+	kernel            unix.SockaddrNetlink // reused for every query
 }
 
 type route struct {
@@ -229,15 +227,8 @@ const usableNUD = unix.NUD_REACHABLE | unix.NUD_STALE | unix.NUD_DELAY | unix.NU
 // (RTM_GETNEIGH with NDA_DST, Linux 5.0+). ok is false when there is none
 // or it is not usable (incomplete, failed).
 func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
-	a4 := addr.As4()
-	const attrLen = unix.SizeofRtAttr + 4
-	req := n.req[:]
-	*(*unix.NdMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.NdMsg{
-		Family: unix.AF_INET, Ifindex: int32(n.ifindex),
-	}
-	off := unix.SizeofNlMsghdr + unix.SizeofNdMsg
-	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.NDA_DST}
-	copy(req[off+unix.SizeofRtAttr:], a4[:])
+	var buf [addrRequestLen]byte
+	req := addrRequest(buf[:], unix.NdMsg{Family: unix.AF_INET, Ifindex: int32(n.ifindex)}, unix.NDA_DST, addr)
 	msg, errno, err := n.roundTrip(req, unix.RTM_GETNEIGH, unix.RTM_NEWNEIGH)
 	switch {
 	case err != nil:
@@ -262,14 +253,9 @@ func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
 // queryRoute asks the kernel how it would send to addr (RTM_GETROUTE): the
 // next hop (the gateway, or addr on the link) and the output interface.
 func (n *neighbours) queryRoute(addr netip.Addr) (hop netip.Addr, oif int, err error) {
-	a4 := addr.As4()
-	const attrLen = unix.SizeofRtAttr + 4
-	var req [unix.SizeofNlMsghdr + unix.SizeofRtMsg + attrLen]byte
-	*(*unix.RtMsg)(unsafe.Pointer(&req[unix.SizeofNlMsghdr])) = unix.RtMsg{Family: unix.AF_INET, Dst_len: 32}
-	off := unix.SizeofNlMsghdr + unix.SizeofRtMsg
-	*(*unix.RtAttr)(unsafe.Pointer(&req[off])) = unix.RtAttr{Len: attrLen, Type: unix.RTA_DST}
-	copy(req[off+unix.SizeofRtAttr:], a4[:])
-	msg, errno, err := n.roundTrip(req[:], unix.RTM_GETROUTE, unix.RTM_NEWROUTE)
+	var buf [addrRequestLen]byte
+	req := addrRequest(buf[:], unix.RtMsg{Family: unix.AF_INET, Dst_len: 32}, unix.RTA_DST, addr)
+	msg, errno, err := n.roundTrip(req, unix.RTM_GETROUTE, unix.RTM_NEWROUTE)
 	switch {
 	case err != nil:
 		return hop, 0, fmt.Errorf("xdpnet: route: %w", err)
@@ -287,6 +273,23 @@ func (n *neighbours) queryRoute(addr netip.Addr) (hop netip.Addr, oif int, err e
 		oif = int(binary.NativeEndian.Uint32(b))
 	}
 	return hop, oif, nil
+}
+
+// addrRequestLen is the length of the longest request addrRequest lays out.
+const addrRequestLen = unix.SizeofNlMsghdr + max(unix.SizeofNdMsg, unix.SizeofRtMsg) + unix.SizeofRtAttr + 4
+
+// addrRequest lays out in buf (addrRequestLen octets) a request about one
+// IPv4 address: room for the netlink header, which roundTrip fills in,
+// then msg, then addr as an attribute of type typ. It returns the request.
+func addrRequest[M unix.NdMsg | unix.RtMsg](buf []byte, msg M, typ uint16, addr netip.Addr) []byte {
+	off := unix.SizeofNlMsghdr
+	*(*M)(unsafe.Pointer(&buf[off])) = msg
+	off += int(unsafe.Sizeof(msg))
+	*(*unix.RtAttr)(unsafe.Pointer(&buf[off])) = unix.RtAttr{Len: unix.SizeofRtAttr + 4, Type: typ}
+	off += unix.SizeofRtAttr
+	a4 := addr.As4()
+	off += copy(buf[off:], a4[:])
+	return buf[:off]
 }
 
 // roundTrip sends a request whose header roundTrip fills in (type typ,

@@ -125,7 +125,7 @@ type Config struct {
 	// receiving and half for sending (default 4096: 16 MiB).
 	Frames int
 	// Spin is how long the loop keeps polling after the last turn that
-	// found work before it sleeps (default: see defaultSpin).
+	// found work before it sleeps (default defaultSpin).
 	Spin time.Duration
 	// Pin, with CPU, pins the loop's OS thread to that CPU.
 	Pin bool
@@ -178,7 +178,8 @@ type Stats struct {
 	NetlinkEvents uint64
 	// HandedOff: frames passed to the poller that owns their flow;
 	// HandoffDrops: dropped because its ring was full; MovingDrops:
-	// dropped while their connection moved between pollers.
+	// dropped while their connection moved between pollers, or handed
+	// to this poller after it had moved on to another.
 	HandedOff, HandoffDrops, MovingDrops uint64
 	// Sleeps: times the loop slept in ppoll, for Slept in all; Wakeups
 	// by eventfd; Turns of the loop.
@@ -210,11 +211,15 @@ type Poller struct {
 	eventfd  int
 	neigh    *neighbours
 
-	calls      chan call
-	asyncMu    sync.Mutex
-	async      []func() // Async functions waiting for the loop
-	asyncSpare []func() // the loop's: the slice runAsync last emptied
-	sleeping   atomic.Bool
+	calls        chan call
+	asyncMu      sync.Mutex
+	async        []func()     // Async functions waiting for the loop
+	asyncPending atomic.Int32 // len(async), read without asyncMu
+	asyncSpare   []func()     // the loop's: the slice runAsync last emptied
+	sleeping     atomic.Bool
+	// woken: the eventfd was written since the loop last went to sleep
+	// (wakeSleeping writes it once per sleep).
+	woken atomic.Bool
 	// rxStage and txStage impair the link (nil: not impaired); scratch
 	// takes a frame out of rxStage.
 	rxStage, txStage *impair.Stage
@@ -264,7 +269,7 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 		return nil, fmt.Errorf("xdpnet: %d frames: want a power of two ≥ 64", cfg.Frames)
 	}
 	if cfg.Spin == 0 {
-		cfg.Spin = defaultSpin()
+		cfg.Spin = defaultSpin
 	}
 	if cfg.Queue < 0 || cfg.Queue >= bpf.MaxQueues {
 		return nil, fmt.Errorf("xdpnet: queue %d out of range 0..%d", cfg.Queue, bpf.MaxQueues-1)
@@ -350,8 +355,13 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 		}
 		p.ownSteer = true
 	}
-	if err := CheckCoalescing(cfg.Interface, p.steering.Mode()); err != nil {
-		return nil, err
+	// checkInterface refused an explicit generic mode on a coalescing
+	// interface before anything was attached; here the mode the program
+	// runs in is known when it was not asked for (auto, or shared).
+	if p.steering.Mode() != cfg.Mode {
+		if err := checkCoalescing(cfg.Interface, p.steering.Mode()); err != nil {
+			return nil, err
+		}
 	}
 	if err := p.steering.SetSocket(cfg.Queue, p.sock.FD()); err != nil {
 		return nil, fmt.Errorf("xdpnet: %w", err)
@@ -359,17 +369,22 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	return p, nil
 }
 
-// defaultSpin is the longest spin after work: 50 µs. The loop starts at
-// spinMin and grows towards it only under load (see Run): measured on two
-// cores, two daemons and two perftest-style processes, a fixed 50 µs spin
-// made an 8-byte RDMA Write round trip 173 µs (median) against 94 µs with
-// 1 µs, while a fixed 2 µs spin cut a 64 KiB Write stream to a third.
-func defaultSpin() time.Duration { return 50 * time.Microsecond }
-
 const (
-	spinMin   = 2 * time.Microsecond
-	quickWake = 20 * time.Microsecond
+	// defaultSpin is the longest spin after work. The loop starts at
+	// spinMin and grows towards it only under load (see Run): measured on
+	// two cores, two daemons and two perftest-style processes, a fixed
+	// 50 µs spin made an 8-byte RDMA Write round trip 173 µs (median)
+	// against 94 µs with 1 µs, while a fixed 2 µs spin cut a 64 KiB Write
+	// stream to a third.
+	defaultSpin = 50 * time.Microsecond
+	spinMin     = 2 * time.Microsecond
+	quickWake   = 20 * time.Microsecond
 )
+
+// offloadWarnAfter is how many segments dropped for their TCP checksum
+// make checkOffloads warn: one can be corruption on the wire, a run of
+// them is the peer's offloads.
+const offloadWarnAfter = 3
 
 // checkOffloads warns, once, when the Stack starts dropping segments for
 // their TCP checksum: a veth peer (or any sender) with TX checksum offload,
@@ -378,7 +393,7 @@ const (
 // same but is rare; a run of them is the offloads.
 func (p *Poller) checkOffloads() {
 	bad := p.stack.Stats.BadChecksum
-	if p.warnedChecksum || bad < 3 || p.cfg.Warn == nil {
+	if p.warnedChecksum || bad < offloadWarnAfter || p.cfg.Warn == nil {
 		return
 	}
 	p.warnedChecksum = true
@@ -390,7 +405,9 @@ func (p *Poller) checkOffloads() {
 // anything is attached to it.
 func Check(cfg Config) (*net.Interface, error) { return checkInterface(cfg) }
 
-// checkInterface says, in words, what makes the interface unusable.
+// checkInterface says, in words, what makes the interface unusable. The
+// coalescing check needs the XDP mode: it is made here for an explicit
+// ModeGeneric, and by NewPoller once the program is attached otherwise.
 func checkInterface(cfg Config) (*net.Interface, error) {
 	if !cfg.Addr.Is4() {
 		return nil, fmt.Errorf("%w: address %v is not IPv4", ErrInterface, cfg.Addr)
@@ -436,6 +453,9 @@ func checkInterface(cfg Config) (*net.Interface, error) {
 	if cfg.Mode == bpf.ModeNative && ifi.MTU > vethNativeMaxMTU && driverName(ifi.Name) == "veth" {
 		return nil, fmt.Errorf("%w: native XDP on veth needs MTU ≤ %d, %s has %d",
 			ErrInterface, vethNativeMaxMTU, ifi.Name, ifi.MTU)
+	}
+	if err := checkCoalescing(ifi.Name, cfg.Mode); err != nil {
+		return nil, err
 	}
 	return ifi, nil
 }
@@ -504,7 +524,8 @@ func (p *Poller) Run(ctx context.Context) error {
 	// the loop stops paying for sleeping and waking on every ACK; with
 	// sparse work it gives the CPU back at once.
 	maxSpin := tcp.Time(p.cfg.Spin)
-	spin := min(tcp.Time(spinMin), maxSpin)
+	minSpin := min(tcp.Time(spinMin), maxSpin)
+	spin := minSpin
 	for {
 		if p.stopReq.Load() {
 			p.shutdown()
@@ -523,15 +544,19 @@ func (p *Poller) Run(ctx context.Context) error {
 		if now-lastWork < spin {
 			continue
 		}
-		if err := p.sleep(now); err != nil {
+		slept, err := p.sleep(now)
+		if err != nil {
 			p.shutdown()
 			return err
 		}
 		lastWork = p.now()
+		if slept {
+			p.stats.Slept += time.Duration(lastWork - now)
+		}
 		if lastWork-now < tcp.Time(quickWake) {
 			spin = min(spin*2, maxSpin)
 		} else {
-			spin = max(spin/2, min(tcp.Time(spinMin), maxSpin))
+			spin = max(spin/2, minSpin)
 		}
 	}
 }
@@ -589,8 +614,9 @@ func (p *Poller) turn() (bool, error) {
 }
 
 // sleep waits in ppoll on the socket and the eventfd until a frame, a call
-// or the next timer.
-func (p *Poller) sleep(now tcp.Time) error {
+// or the next timer; slept is false when work came first and it did not
+// wait. Run, which reads the clock around it, counts Stats.Slept.
+func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 	d := maxSleep
 	if t, ok := p.stack.NextTimer(); ok {
 		d = min(d, max(time.Duration(t-now), 0))
@@ -607,18 +633,17 @@ func (p *Poller) sleep(now tcp.Time) error {
 		}
 	}
 	if len(p.calls) > 0 || d == 0 {
-		return nil
+		return false, nil
 	}
 	// Async callers and other pollers handing frames over look at
 	// sleeping after queueing: either they see it and wake us, or we see
-	// their work here.
+	// their work here. woken goes down first, so that this sleep gets
+	// its own wakeup.
+	p.woken.Store(false)
 	p.sleeping.Store(true)
 	defer p.sleeping.Store(false)
-	p.asyncMu.Lock()
-	queued := len(p.async)
-	p.asyncMu.Unlock()
-	if queued > 0 || p.handedWaiting() {
-		return nil
+	if p.asyncPending.Load() > 0 || p.handedWaiting() {
+		return false, nil
 	}
 	p.stats.Sleeps++
 	ts := unix.NsecToTimespec(int64(d))
@@ -626,21 +651,19 @@ func (p *Poller) sleep(now tcp.Time) error {
 		{Fd: int32(p.sock.FD()), Events: unix.POLLIN},
 		{Fd: int32(p.eventfd), Events: unix.POLLIN},
 	}
-	t0 := time.Now()
-	_, err := unix.Ppoll(fds[:], &ts, nil)
-	p.stats.Slept += time.Since(t0)
+	_, err = unix.Ppoll(fds[:], &ts, nil)
 	if err != nil && !errors.Is(err, unix.EINTR) {
-		return fmt.Errorf("xdpnet: ppoll: %w", err)
+		return true, fmt.Errorf("xdpnet: ppoll: %w", err)
 	}
 	if fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
-		return fmt.Errorf("xdpnet: ppoll: socket revents %#x", fds[0].Revents)
+		return true, fmt.Errorf("xdpnet: ppoll: socket revents %#x", fds[0].Revents)
 	}
 	if fds[1].Revents&unix.POLLIN != 0 {
 		p.stats.Wakeups++
 		var b [8]byte
 		_, _ = unix.Read(p.eventfd, b[:])
 	}
-	return nil
+	return true, nil
 }
 
 // requestStop makes Run return at its next turn.
@@ -654,6 +677,15 @@ func (p *Poller) wake() {
 	var b [8]byte
 	b[0] = 1
 	_, _ = unix.Write(p.eventfd, b[:])
+}
+
+// wakeSleeping wakes the loop if it sleeps, at most once per sleep: for
+// work queued where sleep looks after setting sleeping (Async, handoff
+// rings).
+func (p *Poller) wakeSleeping() {
+	if p.sleeping.Load() && !p.woken.Swap(true) {
+		p.wake()
+	}
 }
 
 // Do runs fn on the loop with the Stack and the loop's clock, and waits for
@@ -689,17 +721,20 @@ func (p *Poller) Do(fn func(s *tcp.Stack, now tcp.Time)) error {
 func (p *Poller) Async(fn func()) {
 	p.asyncMu.Lock()
 	p.async = append(p.async, fn)
+	p.asyncPending.Add(1)
 	p.asyncMu.Unlock()
-	if p.sleeping.Load() {
-		p.wake()
-	}
+	p.wakeSleeping()
 }
 
 // runAsync runs the functions Async queued; it reports whether there were any.
 func (p *Poller) runAsync() bool {
+	if p.asyncPending.Load() == 0 {
+		return false
+	}
 	p.asyncMu.Lock()
 	fns := p.async
 	p.async = p.asyncSpare[:0]
+	p.asyncPending.Store(0)
 	p.asyncMu.Unlock()
 	for i, fn := range fns {
 		fn()
@@ -823,22 +858,22 @@ func ethtool(ifname string, data unsafe.Pointer) error {
 	defer unix.Close(fd)
 	var ifr struct {
 		name [unix.IFNAMSIZ]byte
-		data uintptr
+		data unsafe.Pointer
 		_    [16]byte
 	}
 	copy(ifr.name[:], ifname)
-	ifr.data = uintptr(data)
+	ifr.data = data
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
 		return errno
 	}
 	return nil
 }
 
-// CheckCoalescing refuses generic XDP on an interface that coalesces what
+// checkCoalescing refuses generic XDP on an interface that coalesces what
 // it receives (GRO or LRO on): generic XDP runs after GRO, so the program
 // would see super-packets that no AF_XDP frame holds, and the RNIC's
 // connections would stall on drops. Native XDP runs before GRO.
-func CheckCoalescing(ifname string, mode bpf.Mode) error {
+func checkCoalescing(ifname string, mode bpf.Mode) error {
 	if mode != bpf.ModeGeneric {
 		return nil
 	}

@@ -103,9 +103,7 @@ func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
 	}
 	p.listens[port] = &listen{l: l, reserve: fd}
-	if g := p.cfg.Group; g != nil {
-		g.setListen(port, p)
-	}
+	p.cfg.Group.setListen(port, p)
 	return l, nil
 }
 
@@ -126,9 +124,7 @@ func (p *Poller) closeListener(port uint16) error {
 		return fmt.Errorf("xdpnet: close listener %d: not listening", port)
 	}
 	delete(p.listens, port)
-	if g := p.cfg.Group; g != nil {
-		g.setListen(port, nil)
-	}
+	p.cfg.Group.setListen(port, nil)
 	err := p.steering.RemoveListen(port)
 	ls.l.Close()
 	// Passive connections still open keep their flows, steered by their
@@ -146,18 +142,18 @@ func (p *Poller) Connect(remote netip.AddrPort, h tcp.Handler, timeout time.Dura
 	if !remote.Addr().Is4() {
 		return nil, fmt.Errorf("xdpnet: connect to %v: IPv4 only", remote)
 	}
-	var routed bool
-	if err := p.Do(func(s *tcp.Stack, now tcp.Time) { _, routed = p.neigh.nextHop(now, remote.Addr()) }); err != nil {
-		return nil, err
-	}
-	if !routed {
-		return nil, fmt.Errorf("xdpnet: connect to %v: %w: no route through %s", remote, ErrNoNeighbour, p.cfg.Interface)
-	}
 	deadline := time.Now().Add(timeout)
 	for {
-		var ok bool
-		if err := p.Do(func(s *tcp.Stack, now tcp.Time) { _, ok = p.neigh.lookup(now, remote.Addr()) }); err != nil {
+		var routed, ok bool
+		if err := p.Do(func(s *tcp.Stack, now tcp.Time) {
+			if _, routed = p.neigh.nextHop(now, remote.Addr()); routed {
+				_, ok = p.neigh.lookup(now, remote.Addr())
+			}
+		}); err != nil {
 			return nil, err
+		}
+		if !routed {
+			return nil, fmt.Errorf("xdpnet: connect to %v: %w: no route through %s", remote, ErrNoNeighbour, p.cfg.Interface)
 		}
 		if ok {
 			break
@@ -192,9 +188,7 @@ func (p *Poller) connect(now tcp.Time, remote netip.AddrPort, h tcp.Handler) (*t
 		return nil, fmt.Errorf("xdpnet: connect to %v: %w", remote, err)
 	}
 	p.flows[id] = &flow{added: now, reserve: fd}
-	if g := p.cfg.Group; g != nil {
-		g.setOwner(id, p)
-	}
+	p.cfg.Group.setOwner(id, p)
 	return c, nil
 }
 
@@ -210,9 +204,7 @@ func (p *Poller) addPassiveFlow(now tcp.Time, id tcp.FourTuple) {
 		return
 	}
 	p.flows[id] = &flow{added: now, reserve: -1}
-	if g := p.cfg.Group; g != nil {
-		g.setOwner(id, p)
-	}
+	p.cfg.Group.setOwner(id, p)
 }
 
 // sweep removes the flows whose connections have left the Stack.
@@ -233,9 +225,7 @@ func (p *Poller) sweep(now tcp.Time) {
 
 func (p *Poller) removeFlow(id tcp.FourTuple, f *flow) {
 	delete(p.flows, id)
-	if g := p.cfg.Group; g != nil {
-		g.clearOwner(id, p)
-	}
+	p.cfg.Group.clearOwner(id, p)
 	if err := p.steering.RemoveFlow(bpfFlow(id)); err != nil {
 		p.stats.FlowErrors++
 	}
