@@ -79,19 +79,27 @@ func (p *Poller) inputFrame(now tcp.Time, pkt []byte, handed bool) {
 	}
 	syn := t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN
 	id := tcp.FourTuple{LocalAddr: ip.Dst(), RemoteAddr: ip.Src(), LocalPort: t.DstPort(), RemotePort: t.SrcPort()}
+	listened := syn && len(p.listens) > 0 && p.listens[id.LocalPort] != nil
 	// Alone in its Group a poller owns every flow: no lookup, no lock.
-	if g := p.cfg.Group; g != nil && len(p.in) > 0 && p.stack.Lookup(id) == nil && (!syn || p.listens[id.LocalPort] == nil) {
+	if g := p.cfg.Group; g != nil && len(p.in) > 0 && !listened && p.stack.Lookup(id) == nil {
 		owner, drop := g.route(id, syn)
 		switch {
 		case drop:
 			p.stats.MovingDrops++
 			return
-		case owner != nil && owner != p && !handed:
+		case owner != nil && owner != p:
+			if handed {
+				// Handed here, but Move gave the flow to a third
+				// poller meanwhile: this Stack would reset it.
+				// Drop it; TCP retransmits to the new owner.
+				p.stats.MovingDrops++
+				return
+			}
 			p.handTo(owner, pkt)
 			return
 		}
 	}
-	if syn && len(p.listens) > 0 && p.listens[id.LocalPort] != nil {
+	if listened {
 		p.addPassiveFlow(now, id)
 	}
 	p.stack.Input(now, ip.Src(), ip.Dst(), seg)
