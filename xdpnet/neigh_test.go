@@ -6,57 +6,81 @@ import (
 	"testing"
 	"time"
 
-	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/tcp"
 )
+
+// OffLinkPeer gives A an address off the link, 10.99.0.1 on its loopback,
+// which B routes through A, and returns it. Exported for the package's
+// external tests (TestPollerRoutedPeer).
+func OffLinkPeer(tb testing.TB, tp *topology.Pair) netip.Addr {
+	tb.Helper()
+	ip(tb, tp.A, "addr", "add", "10.99.0.1/32", "dev", "lo")
+	ip(tb, tp.B, "route", "add", "10.99.0.0/24", "via", tp.A.Addr.Addr().String())
+	return netip.MustParseAddr("10.99.0.1")
+}
+
+// ip runs ip(8) with args in h's namespace.
+func ip(tb testing.TB, h topology.Host, args ...string) {
+	tb.Helper()
+	if out, err := h.Command("ip", args...).CombinedOutput(); err != nil {
+		tb.Fatalf("ip %v: %v %s", args, err, out)
+	}
+}
 
 // The neighbour cache follows the kernel: a peer off the link is reached
 // through its route's gateway, a replaced neighbour entry is picked up at
 // the next sweep rather than after neighbourTTL, and an address the kernel
 // routes elsewhere is refused.
 func TestNeighboursFollowKernel(t *testing.T) {
-	testenv.RequireRoot(t)
 	tp := topology.NewTest(t, topology.Options{})
-	run := func(h topology.Host, args ...string) {
-		t.Helper()
-		if out, err := h.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v %s", args, err, out)
-		}
-	}
-	// A has an address off the link, which B routes through A.
-	run(tp.A, "addr", "add", "10.99.0.1/32", "dev", "lo")
-	run(tp.B, "route", "add", "10.99.0.0/24", "via", tp.A.Addr.Addr().String())
-	ifi, err := interfaceIn(tp.B, tp.B.Link)
-	if err != nil {
-		t.Fatal(err)
-	}
+	off := OffLinkPeer(t, tp)
+	ifindex := linkOf(t, tp.B).Index
 	var n *neighbours
 	if err := tp.B.Do(func() error {
 		var err error
-		n, err = newNeighbours(ifi.Index)
+		n, err = newNeighbours(ifindex)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	defer n.close()
-	macA := [6]byte(mustIface(t, tp.A).HardwareAddr)
+	macA := [6]byte(linkOf(t, tp.A).HardwareAddr)
 	now := tcp.Time(time.Second)
+	// lookup runs in B's namespace: it may solicit the kernel there.
+	lookup := func(addr netip.Addr) (mac [6]byte, ok bool) {
+		_ = tp.B.Do(func() error { mac, ok = n.lookup(now, addr); return nil })
+		return mac, ok
+	}
 	resolve := func(addr netip.Addr) ([6]byte, bool) {
 		t.Helper()
 		var mac [6]byte
 		var ok bool
 		for range 200 {
 			now += tcp.Time(retrigger)
-			_ = tp.B.Do(func() error { mac, ok = n.lookup(now, addr); return nil })
-			if ok {
+			if mac, ok = lookup(addr); ok {
 				break
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 		return mac, ok
 	}
-	off := netip.MustParseAddr("10.99.0.1")
+	// followed drains the notifications until changed reports the change
+	// they should have brought; now stays well within neighbourTTL, so
+	// only a notification can bring it.
+	followed := func(what string, changed func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Second); ; {
+			n.follow()
+			if changed() {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the %s was not followed", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	if hop, ok := n.nextHop(now, off); !ok || hop != tp.A.Addr.Addr() {
 		t.Fatalf("next hop of %v: %v %v, want the gateway %v", off, hop, ok, tp.A.Addr.Addr())
 	}
@@ -70,52 +94,29 @@ func TestNeighboursFollowKernel(t *testing.T) {
 	// The kernel's entry changes: the cache follows at the next drain of
 	// the notifications, well within neighbourTTL.
 	other := [6]byte{0x02, 0, 0, 0, 0, 0x99}
-	run(tp.B, "neigh", "replace", tp.A.Addr.Addr().String(), "lladdr", net.HardwareAddr(other[:]).String(), "dev", tp.B.Link, "nud", "permanent")
+	ip(t, tp.B, "neigh", "replace", tp.A.Addr.Addr().String(), "lladdr", net.HardwareAddr(other[:]).String(), "dev", tp.B.Link, "nud", "permanent")
 	now += tcp.Time(time.Millisecond)
-	for i := 0; n.follow() == 0; i++ {
-		if i == 100 {
-			t.Fatal("no notification of the neighbour change")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	var mac [6]byte
-	var ok bool
-	_ = tp.B.Do(func() error { mac, ok = n.lookup(now, off); return nil })
-	if !ok || mac != other {
-		t.Fatalf("after the change: %x %v, want %x", mac, ok, other)
-	}
+	followed("neighbour change", func() bool {
+		mac, ok := lookup(off)
+		return ok && mac == other
+	})
 
 	// A route change is followed too: 10.99.0.0/24 now goes nowhere
 	// through this interface.
-	run(tp.B, "route", "replace", "unreachable", "10.99.0.0/24")
-	for i := 0; n.follow() == 0; i++ {
-		if i == 100 {
-			t.Fatal("no notification of the route change")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if hop, ok := n.nextHop(now, off); ok {
-		t.Fatalf("next hop %v for an unreachable destination", hop)
-	}
-	if _, ok := n.lookup(now, off); ok {
+	ip(t, tp.B, "route", "replace", "unreachable", "10.99.0.0/24")
+	followed("route change", func() bool {
+		_, ok := n.nextHop(now, off)
+		return !ok
+	})
+	if _, ok := lookup(off); ok {
 		t.Fatal("a MAC for an unreachable destination")
 	}
 }
 
-func interfaceIn(h topology.Host, name string) (*net.Interface, error) {
-	var ifi *net.Interface
-	err := h.Do(func() error {
-		var err error
-		ifi, err = net.InterfaceByName(name)
-		return err
-	})
-	return ifi, err
-}
-
-func mustIface(t *testing.T, h topology.Host) *net.Interface {
+// linkOf is h's veth interface, read in its namespace.
+func linkOf(t *testing.T, h topology.Host) (ifi *net.Interface) {
 	t.Helper()
-	ifi, err := interfaceIn(h, h.Link)
-	if err != nil {
+	if err := h.Do(func() (err error) { ifi, err = net.InterfaceByName(h.Link); return err }); err != nil {
 		t.Fatal(err)
 	}
 	return ifi

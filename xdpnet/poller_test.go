@@ -479,25 +479,15 @@ func BenchmarkEngineSend(b *testing.B) {
 // B has no route for is refused with a clear error.
 func TestPollerRoutedPeer(t *testing.T) {
 	e := start(t, bpf.ModeGeneric, tcp.Options{})
-	for _, c := range []struct {
-		h    topology.Host
-		args []string
-	}{
-		{e.tp.A, []string{"addr", "add", "10.99.0.1/32", "dev", "lo"}},
-		{e.tp.B, []string{"route", "add", "10.99.0.0/24", "via", e.tp.A.Addr.Addr().String()}},
-	} {
-		if out, err := c.h.Command("ip", c.args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v %s", c.args, err, out)
-		}
-	}
-	ln, err := e.tp.A.ListenTCP(netip.MustParseAddrPort(fmt.Sprintf("10.99.0.1:%d", kernelPort)))
+	peer := netip.AddrPortFrom(xdpnet.OffLinkPeer(t, e.tp), kernelPort)
+	ln, err := e.tp.A.ListenTCP(peer)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
 	const total = 4 << 20
 	ep := newEndpoint(total)
-	if _, err := e.p.Connect(netip.MustParseAddrPort(fmt.Sprintf("10.99.0.1:%d", kernelPort)), ep, 5*time.Second); err != nil {
+	if _, err := e.p.Connect(peer, ep, 5*time.Second); err != nil {
 		t.Fatalf("connect through the gateway: %v", err)
 	}
 	_ = ln.SetDeadline(time.Now().Add(10 * time.Second))
