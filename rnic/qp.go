@@ -258,11 +258,6 @@ func (q *QP) Disconnect(graceful bool) {
 	q.mu.Unlock()
 	q.wake()
 	if ec != nil {
-		if graceful {
-			// As on the kernel datapath: a peer that never answers our
-			// FIN does not hold the QP forever.
-			time.AfterFunc(closeTimeout, func() { ec.closeTimedOut(q) })
-		}
 		ec.kick()
 	}
 }

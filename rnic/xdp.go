@@ -176,8 +176,9 @@ type engineConn struct {
 	req *ConnRequest
 	id  tcp.FourTuple
 	// dead: the QP let go of the connection (Reset, Destroy); its
-	// callbacks do nothing more. Loop-owned.
-	dead bool
+	// callbacks do nothing more. finTimer: the wait for the peer's FIN
+	// after ours is timed. Loop-owned.
+	dead, finTimer bool
 	// serveFn is serve, made once: a method value per kick would be an
 	// allocation per posted work request.
 	serveFn func()
@@ -273,6 +274,14 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 	ec.lock()
 	ec.noteCPU()
 	n := ec.llp.Fill(c, dst)
+	if ec.q != nil && !ec.finTimer && ec.q.eng.Drained() {
+		// A graceful disconnect has sent everything and EngineLLP.Fill
+		// closed: from our FIN on, as on the kernel datapath, a peer
+		// that never answers it does not hold the QP forever.
+		ec.finTimer = true
+		q := ec.q
+		time.AfterFunc(closeTimeout, func() { ec.closeTimedOut(q) })
+	}
 	ec.unlock()
 	return n
 }
