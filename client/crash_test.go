@@ -5,13 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,7 +17,6 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/ctl"
-	"github.com/softrnic/softrnic/daemon"
 )
 
 // TestMain lets the test binary act as a client process for crash tests.
@@ -238,13 +234,7 @@ func TestGarbageOnTheControlSocket(t *testing.T) {
 // the socket), an application sleeping in Wait wakes with ErrDaemonGone
 // instead of sleeping forever, and Dequeue says so too.
 func TestDaemonGoneWakesWaiters(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "lo.sock")
-	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve() }()
+	sock, srv := startDaemon(t)
 	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "gone"})
 	if err != nil {
 		t.Fatal(err)
@@ -260,8 +250,7 @@ func TestDaemonGoneWakesWaiters(t *testing.T) {
 		waited <- err
 	}()
 	time.Sleep(50 * time.Millisecond)
-	srv.Close()
-	<-served
+	srv.Close() // startDaemon's cleanup closes it again, which is harmless
 	select {
 	case err := <-waited:
 		if !errors.Is(err, client.ErrDaemonGone) {

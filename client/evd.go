@@ -95,11 +95,10 @@ func (e *EVD) Free() error {
 
 // wake signals the EVD's eventfd ourselves, so that a Wait sleeping on it
 // looks again (and finds the daemon gone).
-func (e *EVD) wake() {
-	var one [8]byte
-	one[0] = 1
-	_, _ = e.notify.Write(one[:])
-}
+func (e *EVD) wake() { _ = shm.Signal(e.notify) }
+
+// errGone is the error of an EVD whose daemon has gone.
+func (e *EVD) errGone() error { return fmt.Errorf("EVD %d: %w", e.h, ErrDaemonGone) }
 
 // EventType classifies events.
 type EventType uint8
@@ -165,7 +164,7 @@ func (e *EVD) Dequeue() (Event, bool, error) {
 	defer e.mu.Unlock()
 	ev, ok, err := e.dequeue()
 	if !ok && err == nil && e.ia.gone.Load() {
-		err = fmt.Errorf("EVD %d: %w", e.h, ErrDaemonGone)
+		err = e.errGone()
 	}
 	return ev, ok, err
 }
@@ -215,7 +214,7 @@ func (e *EVD) Wait(ctx context.Context) (Event, error) {
 			return ev, err
 		}
 		if e.ia.gone.Load() {
-			return Event{}, fmt.Errorf("EVD %d: %w", e.h, ErrDaemonGone)
+			return Event{}, e.errGone()
 		}
 		if err := waitFile(ctx, e.notify); err != nil {
 			return Event{}, err
