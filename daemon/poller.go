@@ -234,8 +234,15 @@ func (s *session) forward(e *evd) bool {
 		return progress
 	}
 	var c [1]completion.Completion
-	for n := 0; n < batch && e.cq.Len() > 0; n++ {
-		slot, err := e.reserve()
+	for n := 0; n < batch; n++ {
+		// One CQ lock per completion, Poll's: Len is asked only when the
+		// ring is full, so that the client is asked for room only while
+		// completions wait for it (else it would ring the doorbell for
+		// every event it takes).
+		slot, err := e.ring.Reserve()
+		if slot == nil && err == nil && e.cq.Len() > 0 {
+			slot, err = e.askRoom()
+		}
 		if err != nil {
 			s.violation("event ring", err)
 			return false

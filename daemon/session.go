@@ -404,15 +404,22 @@ type evd struct {
 	backlog []shm.EVE
 }
 
-// reserve takes a slot in the event ring. When the ring is full it asks
-// the client to ring the doorbell as soon as it takes an event, and looks
-// once more: either that finds room or the client sees the request, so a
-// session that then sleeps is woken when there is room again.
+// reserve takes a slot in the event ring, asking for room when it is full
+// (askRoom); for flushBacklog and emit, whose events are already waiting.
 func (e *evd) reserve() ([]byte, error) {
 	slot, err := e.ring.Reserve()
 	if slot != nil || err != nil {
 		return slot, err
 	}
+	return e.askRoom()
+}
+
+// askRoom, for an event ring found full, asks the client to ring the
+// doorbell as soon as it takes an event, and then looks once more: either
+// that finds room or the client, which takes an event before it checks the
+// request, sees it; so a session that then sleeps is woken when there is
+// room again. The order matters: set the request, then look.
+func (e *evd) askRoom() ([]byte, error) {
 	e.ring.WantRoom()
 	return e.ring.Reserve()
 }
