@@ -173,7 +173,11 @@ func interfaceAddr(name string) (netip.Addr, error) {
 }
 
 // listenControl creates the control socket. A socket file nobody answers on
-// is stale and replaced; one a daemon answers on is refused.
+// is stale and replaced; one a daemon answers on is refused. The socket is
+// made under a temporary name and renamed into place once it listens with
+// its final mode: a client that waits for the file to appear (scripts,
+// tests) finds it answering, never refusing the connection in the moment
+// between bind and listen.
 func listenControl(path string) (*net.UnixListener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("daemon: socket directory: %w", err)
@@ -188,17 +192,25 @@ func listenControl(path string) (*net.UnixListener, error) {
 			return nil, fmt.Errorf("daemon: remove stale socket %s: %w", path, err)
 		}
 	}
-	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	_ = os.Remove(tmp)
+	ln, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: tmp, Net: "unixpacket"})
 	if err != nil {
 		if errors.Is(err, syscall.EACCES) || errors.Is(err, syscall.EPERM) {
 			return nil, fmt.Errorf("daemon: insufficient privileges for %s: %w", path, err)
 		}
 		return nil, fmt.Errorf("daemon: listen on %s: %w", path, err)
 	}
-	ln.SetUnlinkOnClose(true)
-	if err := os.Chmod(path, 0o660); err != nil {
+	ln.SetUnlinkOnClose(false) // its name is path's now: Server.Close removes that
+	if err := os.Chmod(tmp, 0o660); err != nil {
 		ln.Close()
+		_ = os.Remove(tmp)
 		return nil, fmt.Errorf("daemon: chmod %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		ln.Close()
+		_ = os.Remove(tmp)
+		return nil, fmt.Errorf("daemon: listen on %s: %w", path, err)
 	}
 	return ln, nil
 }
@@ -278,6 +290,7 @@ func (s *Server) Close() error {
 		sessions = append(sessions, sess)
 	}
 	s.mu.Unlock()
+	_ = os.Remove(s.opts.Socket) // before Serve can return
 	err := s.ln.Close()
 	// Connections end gracefully (FIN, not RST) when they can, within a
 	// bound; then the sessions end and free everything.
