@@ -26,14 +26,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# wait_socket SOCK WHAT LOG: waits for a daemon's socket; if it never
+# appears, says WHAT did not start and shows the daemon's LOG.
+wait_socket() {
+	for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done
+	echo "interop: $2 did not start" >&2
+	cat "$3" >&2
+	return 1
+}
+
 echo "== building the siw guest (cached after the first time)"
 bash "$GUEST/build.sh" > "$work/build.log" 2>&1 || { tail -20 "$work/build.log"; exit 1; }
 echo "== building softrnic"
 go build -o "$work/" ./cmd/softrnicd ./cmd/softrnic-ping ./cmd/softrnic-dump || exit 1
 "$work/softrnicd" --iface lo --socket "$work/d.sock" --log-level warn 2> "$work/daemon.log" &
 pids+=($!)
-for _ in $(seq 100); do [ -S "$work/d.sock" ] && break; sleep 0.05; done
-[ -S "$work/d.sock" ] || { echo "interop: softrnicd did not start" >&2; cat "$work/daemon.log" >&2; exit 1; }
+wait_socket "$work/d.sock" softrnicd "$work/daemon.log" || exit 1
 
 TS=(tshark --enable-heuristic iwarp_mpa_tcp -o tcp.try_heuristic_first:TRUE
 	--disable-heuristic rpcrdma_iwarp --disable-heuristic smb_direct_iwarp)
@@ -81,10 +89,27 @@ siw_server_verdict() {
 }
 
 results=()
+# report LABEL CRC GUESTLINES OURLINES: the end of every scenario function,
+# which calls it with its locals ok, role, pcap, log (the guest's), plog
+# (ours) and, on the xdp datapath, dlog (the daemon's) set. Checks the
+# capture, adds the result row (noting rping's tolerated teardown race) and
+# prints it; on failure shows the logs' last lines.
+report() {
+	local label=$1 crc=$2 detail
+	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
+	grep -q "teardown race tolerated" "$log" && detail+=" (rping teardown race tolerated)"
+	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$label" "$role" "$crc" "$detail")")
+	echo "${results[-1]}"
+	[ "$ok" = PASS ] && return
+	echo "---- $log"; grep IWGUEST "$log" | tail -"$3"
+	echo "---- $plog"; tail -"$4" "$plog"
+	if [ -n "${dlog:-}" ]; then echo "---- $dlog"; tail -5 "$dlog"; fi
+}
+
 scenario() {
 	local name=$1 role=$2 siwopts=$3 ours=$4 crc=$5
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
-	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.ping" ok=PASS detail=""
+	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.ping" ok=PASS
 	tcpdump -i lo -B 32768 -w "$pcap" -U --immediate-mode -s 0 "tcp port $PORT" 2> "$work/$name.tcpdump" &
 	local tpid=$!
 	for _ in $(seq 100); do grep -q listening "$work/$name.tcpdump" && break; sleep 0.05; done
@@ -108,11 +133,7 @@ scenario() {
 	[ "$(grep -c 'ping data: rdma-ping-' "$plog")" -ge 5 ] || ok=FAIL
 	sleep 0.5
 	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
-	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
-	grep -q "teardown race tolerated" "$log" && detail+=" (rping teardown race tolerated)"
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name" "$role" "$crc" "$detail")")
-	echo "${results[-1]}"
-	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -5 "$plog"; }
+	report "$name" "$crc" 8 5
 }
 
 echo "== rping: softrnic-ping against Linux siw"
@@ -177,11 +198,7 @@ perftest_scenario() {
 	for t in $PT_SPOKEN; do grep -q "ib_$t rc=0" "$log" || ok=FAIL; done
 	sleep 0.5
 	kill -INT "$tpid" 2>/dev/null; wait "$tpid" 2>/dev/null
-	local detail
-	detail=$(check_capture "$pcap" on) || ok=FAIL
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name wbw+sbw+rbw+rlat" "$role" on "$detail")")
-	echo "${results[-1]}"
-	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -12; echo "---- $plog"; tail -12 "$plog"; }
+	report "$name wbw+sbw+rbw+rlat" on 12 12
 }
 echo "== perftest -R: softrnic-perf against Linux siw"
 go build -o "$work/" ./cmd/softrnic-perf || exit 1
@@ -208,8 +225,7 @@ xdp_daemon() { # starts the daemon on the tap once it exists
 	ip netns exec "$NS" "$work/softrnicd" --iface "$TAP" --datapath xdp --socket "$work/x.sock" --log-level warn 2> "$log" &
 	XPID=$!
 	pids+=($XPID)
-	for _ in $(seq 100); do [ -S "$work/x.sock" ] && break; sleep 0.05; done
-	[ -S "$work/x.sock" ] || { echo "interop: softrnicd --datapath xdp did not start on $TAP:"; cat "$log"; return 1; }
+	wait_socket "$work/x.sock" "softrnicd --datapath xdp on $TAP" "$log"
 }
 xdp_stop() { kill -TERM "$XPID" 2>/dev/null; wait "$XPID" 2>/dev/null; }
 tapnet=(--net tap --netns "$NS" --tap "$TAP" --tap-ip 10.79.0.1/24 --ip 10.79.0.2/24)
@@ -238,11 +254,7 @@ xdp_scenario() {
 	fi
 	grep -q "rping rc=0" "$log" || ok=FAIL
 	[ "$(grep -c 'ping data: rdma-ping-' "$plog")" -ge 5 ] || ok=FAIL
-	local detail
-	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name" "$role" "$crc" "$detail")")
-	echo "${results[-1]}"
-	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -8; echo "---- $plog"; tail -5 "$plog"; echo "---- $dlog"; tail -5 "$dlog"; }
+	report "$name" "$crc" 8 5
 }
 xdp_perftest() {
 	local role=$1 name="xdp-perftest-$1" ok=PASS
@@ -282,11 +294,7 @@ xdp_perftest() {
 		xdp_stop
 	fi
 	for t in $PT_SPOKEN; do grep -q "ib_$t rc=0" "$log" || ok=FAIL; done
-	local detail
-	detail=$(check_capture "$pcap" on) || ok=FAIL
-	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$name wbw+sbw+rbw+rlat" "$role" on "$detail")")
-	echo "${results[-1]}"
-	[ "$ok" = PASS ] || { echo "---- $log"; grep IWGUEST "$log" | tail -12; echo "---- $plog"; tail -12 "$plog"; echo "---- $dlog"; tail -5 "$dlog"; }
+	report "$name wbw+sbw+rbw+rlat" on 12 12
 }
 echo "== the xdp datapath against Linux siw (guest on a tap in namespace $NS)"
 for role in siw-server siw-client; do
