@@ -3,8 +3,10 @@
 package systest
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	stdnet "net"
 	"os"
 	"os/exec"
@@ -98,25 +100,22 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 	const pairs = 4
 	const size = 128 << 20
 	var wg sync.WaitGroup
-	outs := make([]bytes.Buffer, 2*pairs)
+	outs := make([]*bytes.Buffer, 2*pairs)
 	errs := make([]error, 2*pairs)
 	for i := 0; i < pairs; i++ {
 		port := fmt.Sprint(24000 + i)
-		srv := net.B.Command("timeout", "120", filepath.Join(dir, "softrnic-example"), "server", "--socket", sockB, "--port", port, "--size", fmt.Sprint(size))
-		srv.Stdout, srv.Stderr = &outs[2*i], &outs[2*i]
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
+		srv := startServer(t, net.B.Command("timeout", "120", filepath.Join(dir, "softrnic-example"), "server", "--socket", sockB, "--port", port, "--size", fmt.Sprint(size)),
+			"server: listening")
+		outs[2*i] = &srv.out
 		wg.Add(1)
 		go func(i int) { defer wg.Done(); errs[2*i] = srv.Wait() }(i)
 	}
-	// The servers listen once their PSP exists; give them a moment.
-	time.Sleep(300 * time.Millisecond)
 	start := time.Now()
 	for i := 0; i < pairs; i++ {
 		cli := net.A.Command("timeout", "120", filepath.Join(dir, "softrnic-example"), "client", "--socket", sockA,
 			"--server", fmt.Sprintf("%s:%d", net.B.Addr.Addr(), 24000+i), "--size", fmt.Sprint(size))
-		cli.Stdout, cli.Stderr = &outs[2*i+1], &outs[2*i+1]
+		outs[2*i+1] = new(bytes.Buffer)
+		cli.Stdout, cli.Stderr = outs[2*i+1], outs[2*i+1]
 		if err := cli.Start(); err != nil {
 			t.Fatal(err)
 		}
@@ -161,20 +160,14 @@ func everyOperation(t *testing.T, net *topology.Pair, dir, sockA, sockB string) 
 	} {
 		port := fmt.Sprint(19100 + i)
 		args := append(append([]string{filepath.Join(dir, "softrnic-perf")}, tc...), "--verify", "-p", port, "--timeout", "60s")
-		var out bytes.Buffer
-		srv := net.B.Command("timeout", append([]string{"90"}, append(args, "--socket", sockB)...)...)
-		srv.Stdout, srv.Stderr = &out, &out
-		if err := srv.Start(); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(300 * time.Millisecond)
+		srv := startServer(t, net.B.Command("timeout", append([]string{"90"}, append(args, "--socket", sockB)...)...), perfReady)
 		cli := net.A.Command("timeout", append([]string{"90"}, append(args, "--socket", sockA, net.B.Addr.Addr().String())...)...)
 		cout, err := cli.CombinedOutput()
 		if err != nil {
 			t.Errorf("%s: client: %v\n%s", tc[0], err, cout)
 		}
 		if err := srv.Wait(); err != nil {
-			t.Errorf("%s: server: %v\n%s", tc[0], err, out.String())
+			t.Errorf("%s: server: %v\n%s", tc[0], err, srv.out.String())
 		}
 	}
 }
@@ -202,6 +195,65 @@ func startDaemon(t *testing.T, dir string, h topology.Host, sock string, args ..
 	}
 }
 
+// perfReady is the line a softrnic-perf server prints once it listens.
+const perfReady = "Waiting for client to connect"
+
+// server is a server process started by startServer.
+type server struct {
+	cmd *exec.Cmd
+	// out has its standard output and error, all of them once Wait
+	// has returned.
+	out    bytes.Buffer
+	copied chan struct{}
+}
+
+// startServer starts cmd, a server, and returns once it has printed a line
+// containing ready (it does once it listens), so that a client started
+// next finds it. It fails the test if the server ends first, and kills the
+// server when the test ends if it still runs.
+func startServer(t *testing.T, cmd *exec.Cmd, ready string) *server {
+	t.Helper()
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		r.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	s := &server{cmd: cmd, copied: make(chan struct{})}
+	br := bufio.NewReader(r)
+	for {
+		line, err := br.ReadString('\n')
+		s.out.WriteString(line)
+		if strings.Contains(line, ready) {
+			break
+		}
+		if err != nil {
+			r.Close()
+			werr := cmd.Wait()
+			t.Fatalf("%v ended before printing %q: %v\n%s", cmd.Args, ready, werr, s.out.String())
+		}
+	}
+	go func() {
+		defer close(s.copied)
+		defer r.Close()
+		_, _ = io.Copy(&s.out, br)
+	}()
+	return s
+}
+
+// Wait waits for the server to end and for the rest of its output.
+func (s *server) Wait() error {
+	err := s.cmd.Wait()
+	<-s.copied
+	return err
+}
+
 // xdpAttached reports whether an XDP program is attached to the host's link.
 func xdpAttached(t *testing.T, h topology.Host) bool {
 	out, err := h.Command("ip", "-d", "link", "show", "dev", h.Link).CombinedOutput()
@@ -216,7 +268,6 @@ func xdpAttached(t *testing.T, h topology.Host) bool {
 // application sees its connection broken at once rather than hanging, and a
 // daemon started again on the same socket serves new connections.
 func TestXDPDaemonKilled(t *testing.T) {
-	testenv.RequireRoot(t)
 	net := topology.NewTest(t, topology.Options{})
 	dir := t.TempDir()
 	build(t, dir)
@@ -232,14 +283,8 @@ func TestXDPDaemonKilled(t *testing.T) {
 	// A long transfer from B to A: B keeps sending, so once A's daemon
 	// has gone its segments reach A's kernel, which owns no such
 	// connection and resets it.
-	var srvOut, cliOut bytes.Buffer
-	srv := perf(net.A, sockA, "write_bw", "-s", "65536", "-D", "40s", "-p", "19001")
-	srv.Stdout, srv.Stderr = &srvOut, &srvOut
-	if err := srv.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Process.Kill()
-	time.Sleep(300 * time.Millisecond)
+	var cliOut bytes.Buffer
+	srv := startServer(t, perf(net.A, sockA, "write_bw", "-s", "65536", "-D", "40s", "-p", "19001"), perfReady)
 	cli := perf(net.B, sockB, "write_bw", "-s", "65536", "-D", "40s", "-p", "19001", net.A.Addr.Addr().String())
 	cli.Stdout, cli.Stderr = &cliOut, &cliOut
 	if err := cli.Start(); err != nil {
@@ -278,26 +323,20 @@ func TestXDPDaemonKilled(t *testing.T) {
 	go func() { srvDone <- srv.Wait() }()
 	select {
 	case err := <-srvDone:
-		if err == nil || !strings.Contains(srvOut.String(), "softrnicd went away") {
-			t.Errorf("A's application: %v\n%s", err, srvOut.String())
+		if err == nil || !strings.Contains(srv.out.String(), "softrnicd went away") {
+			t.Errorf("A's application: %v\n%s", err, srv.out.String())
 		}
 	case <-time.After(10 * time.Second):
-		t.Errorf("A's application still waits 10 s after its daemon died:\n%s", srvOut.String())
+		t.Errorf("A's application still waits 10 s after its daemon died:\n%s", srv.out.String())
 	}
 
 	// Again, with a new daemon on A.
 	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
-	srv2 := perf(net.A, sockA, "write_bw", "-s", "4096", "-n", "2000", "-p", "19002", "--verify")
-	var out2 bytes.Buffer
-	srv2.Stdout, srv2.Stderr = &out2, &out2
-	if err := srv2.Start(); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
+	srv2 := startServer(t, perf(net.A, sockA, "write_bw", "-s", "4096", "-n", "2000", "-p", "19002", "--verify"), perfReady)
 	if out, err := perf(net.B, sockB, "write_bw", "-s", "4096", "-n", "2000", "-p", "19002", "--verify", net.A.Addr.Addr().String()).CombinedOutput(); err != nil {
 		t.Fatalf("after the restart: %v\n%s", err, out)
 	}
 	if err := srv2.Wait(); err != nil {
-		t.Fatalf("server after the restart: %v\n%s", err, out2.String())
+		t.Fatalf("server after the restart: %v\n%s", err, srv2.out.String())
 	}
 }
