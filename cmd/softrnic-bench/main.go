@@ -89,7 +89,6 @@ type Results struct {
 	When         time.Time `json:"when"`
 	MTU          int       `json:"mtu"`
 	CRC          bool      `json:"crc"`
-	Offloads     bool      `json:"offloads"`
 	IperfGbps    float64   `json:"iperf3_gbps"`
 	KernelTCP    []Point   `json:"kernel_tcp_stream"`
 	KernelTCPLat Latency   `json:"kernel_tcp_pingpong_1B"`
@@ -339,10 +338,10 @@ func (b *bench) softrnic(datapath string) (Softrnc, error) {
 		cpu  string
 	}{{b.net.A, "a", "0"}, {b.net.B, "b", strconv.Itoa(min(1, runtime.NumCPU()-1))}} {
 		// One poller per host, each on its own CPU (the xdp datapath;
-		// the kernel datapath has no pollers). Measured on two cores
-		// (3 s runs): 64 KiB Write 424 MB/s and Read 532 this way,
-		// 389 and 422 with both hosts' pollers on CPU 0; 8 B Write
-		// RTT 95 and 90 us.
+		// the kernel datapath has no pollers), as the design asks: on
+		// two cores it gives more bandwidth than both hosts' pollers
+		// sharing CPU 0, for a few microseconds more small-message
+		// round trip (figures in the commit that chose it).
 		d := h.host.Command(filepath.Join(b.bin, "softrnicd"), "--iface", h.host.Link, "--socket", sock[h.key], "--log-level", "warn",
 			"--datapath", datapath, "--cpus", h.cpu)
 		d.Stderr = os.Stderr
