@@ -245,6 +245,7 @@ type Poller struct {
 	more           bool   // Output may have more: TX frames or ring ran out
 	ipID           uint16
 	flows          map[tcp.FourTuple]*flow
+	sources        []Source
 	listens        map[uint16]*listen
 	lastSweep      tcp.Time
 	warnedChecksum bool
@@ -582,6 +583,11 @@ func (p *Poller) turn() (bool, error) {
 		}
 		break
 	}
+	// Sources first: a work request posted there kicks its connection
+	// through Async, served in this same turn.
+	if len(p.sources) > 0 && p.pollSources() {
+		work = true
+	}
 	if p.runAsync() {
 		work = true
 	}
@@ -642,6 +648,12 @@ func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 	p.woken.Store(false)
 	p.sleeping.Store(true)
 	defer p.sleeping.Store(false)
+	if len(p.sources) > 0 {
+		defer p.sourcesAwake()
+		if p.sourcesSleeping() {
+			return false, nil
+		}
+	}
 	if p.asyncPending.Load() > 0 || p.handedWaiting() {
 		return false, nil
 	}
