@@ -73,6 +73,9 @@ type EP struct {
 	rings []byte
 	sq    *shm.Ring
 	rq    *shm.Ring
+	// doorbell is rung after a post that finds the ring's need-wakeup
+	// flag up: the daemon's poller for the EP's QP, or its session.
+	doorbell *os.File
 }
 
 // epFor returns the EP object for a handle, creating one for an EP the
@@ -106,34 +109,39 @@ func (ia *IA) CreateEP(a EPAttr) (*EP, error) {
 func (e *EP) dropRings() {
 	if e.rings != nil {
 		_ = shm.Unmap(e.rings)
-		e.rings, e.sq, e.rq = nil, nil, nil
+		e.doorbell.Close()
+		e.rings, e.sq, e.rq, e.doorbell = nil, nil, nil, nil
 	}
 }
 
-// attach maps the rings the daemon passed with an EP reply.
+// attach maps the rings the daemon passed with an EP reply and keeps their
+// doorbell.
 func (e *EP) attach(r *ctl.EPReply, files []*os.File) error {
-	defer closeAll(files)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.dropRings()
-	if !r.HasRings {
+	if !r.HasRings || len(files) != 2 {
+		closeAll(files)
+		if r.HasRings {
+			return fmt.Errorf("daemon passed %d descriptors for the rings and their doorbell", len(files))
+		}
 		return nil
-	}
-	if len(files) != 1 {
-		return fmt.Errorf("daemon passed %d descriptors for the rings", len(files))
 	}
 	sqSize := shm.RingSize(r.SQEntries, shm.SQESize)
 	m, err := shm.Map(files[0], 0, sqSize+shm.RingSize(r.RQEntries, shm.RQESize))
+	files[0].Close()
 	if err != nil {
+		files[1].Close()
 		return err
 	}
 	sq, err1 := shm.NewRing(m[:sqSize], r.SQEntries, shm.SQESize)
 	rq, err2 := shm.NewRing(m[sqSize:], r.RQEntries, shm.RQESize)
 	if err1 != nil || err2 != nil {
 		_ = shm.Unmap(m)
+		files[1].Close()
 		return fmt.Errorf("rings: %v %v", err1, err2)
 	}
-	e.rings, e.sq, e.rq = m, sq, rq
+	e.rings, e.sq, e.rq, e.doorbell = m, sq, rq, files[1]
 	return nil
 }
 

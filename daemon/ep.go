@@ -7,12 +7,15 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
@@ -28,9 +31,17 @@ type ep struct {
 	qp     *rnic.QP
 	rings  *shm.Memfd
 	sq, rq *shm.Ring
-	// sgl is scratch for one work request's SGL on its way from a ring
-	// into the engine, which copies it; s.mu held.
-	sgl [max(shm.RingSGE, shm.RQSGE)]qp.SGE
+	// src is the rings as a source of the QP's poller (accelerated
+	// datapath), on poller pl; nil where the session drains them. The
+	// poller sets handOff for the session to drain them.
+	src     *ringSource
+	pl      *xdpnet.Poller
+	handOff atomic.Bool
+	// ringMu is held by whoever consumes sq and rq, the session or the
+	// poller (ringSource), and guards sgl, scratch for one work request's
+	// SGL on its way from a ring into the engine, which copies it.
+	ringMu sync.Mutex
+	sgl    [max(shm.RingSGE, shm.RQSGE)]qp.SGE
 
 	local, remote string
 	peerPD        []byte
@@ -172,7 +183,13 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 			s.unconfigureEP(e)
 			return nil, fail(ctl.InsufficientResources, "%v", err)
 		}
-		files = append(files, fd)
+		db, err := s.ringDoorbell(e)
+		if err != nil {
+			fd.Close()
+			s.unconfigureEP(e)
+			return nil, fail(ctl.InsufficientResources, "%v", err)
+		}
+		files = append(files, fd, db)
 	}
 	e.pz, e.recv, e.req, e.conn = p, recv, req, conn
 	for _, o := range []*evd{recv, req, conn} {
@@ -189,6 +206,7 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 
 // unconfigureEP drops the QP, rings and references; s.mu held.
 func (s *session) unconfigureEP(e *ep) {
+	unpoll(e)
 	if e.qp != nil {
 		delete(s.byQPN, e.qp.QPN())
 		e.qp.Destroy()
@@ -207,6 +225,32 @@ func (s *session) unconfigureEP(e *ep) {
 		e.pz.refs--
 	}
 	e.pz, e.recv, e.req, e.conn = nil, nil, nil, nil
+}
+
+// ringDoorbell gives the EP's rings to its QP's poller where there is one
+// and returns the descriptor the client rings for them: the poller's
+// doorbell, or the session's.
+func (s *session) ringDoorbell(e *ep) (*os.File, error) {
+	if pl := e.qp.Poller(); pl != nil {
+		if db, err := pl.Doorbell(); err == nil {
+			src := &ringSource{s: s, e: e}
+			if pl.AddSource(src) == nil {
+				e.src, e.pl = src, pl
+				return db, nil
+			}
+			db.Close()
+		}
+	}
+	return dupFile(s.doorbell)
+}
+
+// unpoll takes the EP's rings from its poller, which once this returns
+// touches them no more: call it before the rings are unmapped.
+func unpoll(e *ep) {
+	if e.src != nil {
+		_ = e.pl.RemoveSource(e.src)
+		e.src, e.pl = nil, nil
+	}
 }
 
 // modifyEP: digest 003 §3. Immutable fields never change; the PZ only in

@@ -57,7 +57,7 @@ func (s *session) setSleeping(sleeping bool) {
 	}
 	eps, evds := s.dataPath()
 	for _, o := range eps {
-		if o.sq != nil {
+		if o.sq != nil && o.src == nil { // a polled EP's flags are its poller's
 			o.sq.SetFlags(flag)
 			o.rq.SetFlags(flag)
 		}
@@ -67,6 +67,69 @@ func (s *session) setSleeping(sleeping bool) {
 			o.cq.Arm(false)
 		}
 	}
+}
+
+// ringSource is an EP's send and receive rings as a source of its QP's
+// poller: work requests go into the engine on the poller's CPU, without
+// the session (the design's "SQ doorbell → qp" in the poller). A post
+// while the poller spins costs no wake-up at all; the rings' need-wakeup
+// flags are up only while it sleeps, and the EP's doorbell is then the
+// poller's own (xdpnet.Poller.Doorbell). ringMu makes the poller and the
+// session (control operations) one consumer; the poller only tries it.
+// What needs an event (a refused work request, a corrupt ring) the
+// poller leaves in the ring and hands to the session.
+type ringSource struct {
+	s *session
+	e *ep
+	// seenSQ and seenRQ are the producer indices up to which the rings
+	// were found drained, drained, or handed to the session; loop-owned.
+	seenSQ, seenRQ uint32
+}
+
+func (r *ringSource) Poll() bool {
+	e := r.e
+	sq, rq := e.sq.Produced(), e.rq.Produced()
+	if sq == e.sq.Consumed() && rq == e.rq.Consumed() {
+		r.seenSQ, r.seenRQ = sq, rq
+		return false
+	}
+	r.seenSQ, r.seenRQ = sq, rq
+	if !e.ringMu.TryLock() {
+		// The session is draining: it looks once more. Waiting here
+		// could keep a preempted holder off this CPU until the tick.
+		r.handOff()
+		return false
+	}
+	// Back-pressure leaves requests for completions to make room, which
+	// this loop makes: it retries on every turn.
+	progress, left := r.s.takeRQ(e, false)
+	if !left {
+		var sent bool
+		sent, left = r.s.takeSQ(e, false)
+		progress = progress || sent
+	}
+	e.ringMu.Unlock()
+	if left {
+		r.handOff()
+	}
+	return progress
+}
+
+// handOff asks the session to drain the rings.
+func (r *ringSource) handOff() {
+	r.e.handOff.Store(true)
+	r.s.kick()
+}
+
+func (r *ringSource) Sleeping() bool {
+	r.e.sq.SetFlags(shm.NeedWakeup)
+	r.e.rq.SetFlags(shm.NeedWakeup)
+	return r.e.sq.Produced() != r.seenSQ || r.e.rq.Produced() != r.seenRQ
+}
+
+func (r *ringSource) Awake() {
+	r.e.sq.SetFlags(0)
+	r.e.rq.SetFlags(0)
 }
 
 // step does one round of work and reports whether there was any.
@@ -87,7 +150,7 @@ func (s *session) step() bool {
 	}
 	eps, evds := s.dataPath()
 	for _, o := range eps {
-		if o.sq != nil && o.qp != nil {
+		if o.sq != nil && o.qp != nil && (o.src == nil || o.handOff.Swap(false)) {
 			// Receives first, all of them: a Send the client posted
 			// after a receive may make the peer send to it at once.
 			progress = s.drainRQ(o) || progress
@@ -156,21 +219,45 @@ func (s *session) drainRings(e *ep) {
 	}
 }
 
+// drainSQ and drainRQ are the session's: s.mu held, and a request the
+// engine refuses gets its event.
 func (s *session) drainSQ(e *ep) bool {
-	progress := false
-	for n := 0; n < batch && !e.req.backlogFull(); n++ {
+	e.ringMu.Lock()
+	defer e.ringMu.Unlock()
+	progress, _ := s.takeSQ(e, true)
+	return progress
+}
+
+func (s *session) drainRQ(e *ep) bool {
+	e.ringMu.Lock()
+	defer e.ringMu.Unlock()
+	progress, _ := s.takeRQ(e, true)
+	return progress
+}
+
+// takeSQ moves send work requests from the ring into the engine, receives
+// first; e.ringMu held. With report (the session, s.mu also held) a
+// request the engine refuses gets an event and a corrupt ring ends the
+// session; without (the poller) either stays in the ring and left says
+// the session must see to it.
+func (s *session) takeSQ(e *ep, report bool) (progress, left bool) {
+	for n := 0; n < batch && !(report && e.req.backlogFull()); n++ {
 		slot, err := e.sq.Peek()
 		if err != nil {
-			s.violation("send ring", err)
-			return false
+			if report {
+				s.violation("send ring", err)
+			}
+			return progress, true
 		}
 		if slot == nil {
 			break
 		}
 		// A receive the client posted before this Send may have
-		// reached its ring after drainRQ looked: take it first, or the
+		// reached its ring after takeRQ looked: take it first, or the
 		// peer's answer to the Send could find no buffer.
-		s.drainRQ(e)
+		if _, l := s.takeRQ(e, report); l {
+			return progress, true
+		}
 		sqe := shm.DecodeSQE(slot)
 		wr, err := toSendWR(&sqe, e.sgl[:])
 		if err == nil {
@@ -180,40 +267,48 @@ func (s *session) drainSQ(e *ep) bool {
 			}
 		}
 		if err != nil {
+			if !report {
+				return progress, true
+			}
 			s.emit(e.req, shm.EVE{Kind: shm.EventDTO, Status: uint8(postStatus(err)), Opcode: uint8(completion.OpSend), EP: e.h, ID: sqe.ID})
 		}
 		e.sq.Release()
 		progress = true
 	}
-	return progress
+	return progress, false
 }
 
-func (s *session) drainRQ(e *ep) bool {
-	progress := false
-	for n := uint32(0); n < e.rq.Entries() && !e.recv.backlogFull(); n++ {
+// takeRQ is takeSQ for the receive ring.
+func (s *session) takeRQ(e *ep, report bool) (progress, left bool) {
+	for n := uint32(0); n < e.rq.Entries() && !(report && e.recv.backlogFull()); n++ {
 		slot, err := e.rq.Peek()
 		if err != nil {
-			s.violation("receive ring", err)
-			return false
+			if report {
+				s.violation("receive ring", err)
+			}
+			return progress, true
 		}
 		if slot == nil {
 			break
 		}
 		rqe := shm.DecodeRQE(slot)
-		wr, err2 := toRecvWR(&rqe, e.sgl[:])
-		if err2 == nil {
-			err2 = e.qp.PostRecv(&wr)
-			if errors.Is(err2, qp.ErrQueueFull) {
+		wr, err := toRecvWR(&rqe, e.sgl[:])
+		if err == nil {
+			err = e.qp.PostRecv(&wr)
+			if errors.Is(err, qp.ErrQueueFull) {
 				break
 			}
 		}
-		if err2 != nil {
-			s.emit(e.recv, shm.EVE{Kind: shm.EventDTO, Status: uint8(postStatus(err2)), Opcode: uint8(completion.OpRecv), EP: e.h, ID: rqe.ID})
+		if err != nil {
+			if !report {
+				return progress, true
+			}
+			s.emit(e.recv, shm.EVE{Kind: shm.EventDTO, Status: uint8(postStatus(err)), Opcode: uint8(completion.OpRecv), EP: e.h, ID: rqe.ID})
 		}
 		e.rq.Release()
 		progress = true
 	}
-	return progress
+	return progress, false
 }
 
 func postStatus(err error) completion.Status {

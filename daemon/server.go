@@ -8,9 +8,13 @@
 // requests from the session's rings into the engine and completions and
 // events back (it sleeps on a channel when idle, after raising the rings'
 // need-wakeup flags), and a doorbell reader that turns the client's eventfd
-// writes into wake-ups. Connection setup runs in short-lived goroutines whose
-// results, like the engine's connection events, are queued for the poller,
-// the only writer of event rings. Lock order: session.mu before any QP's.
+// writes into wake-ups. On the accelerated datapath an EP's rings are its
+// QP's xdpnet poller's instead (ringSource): the pinned poller takes work
+// requests on the CQ's CPU and the client's doorbell for them is the
+// poller's. Connection setup runs in short-lived goroutines whose results,
+// like the engine's connection events, are queued for the session's
+// poller, the only writer of event rings. Lock order: session.mu, then an
+// EP's ringMu, then any QP's.
 package daemon
 
 import (

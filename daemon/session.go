@@ -664,6 +664,7 @@ func (s *session) close() {
 			switch o := o.(type) {
 			case *ep:
 				if kind == 0 {
+					unpoll(o)
 					if o.rings != nil {
 						o.rings.Close()
 					}

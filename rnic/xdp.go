@@ -145,6 +145,15 @@ func (x *xdpPath) poller(vector int) *xdpnet.Poller {
 	return x.pollers[vector%len(x.pollers)]
 }
 
+// Poller is the poller the QP runs on, its CQs' (seed 004); nil on the
+// kernel datapath.
+func (q *QP) Poller() *xdpnet.Poller {
+	if q.dev.xdp == nil || q.attr.SendCQ == nil {
+		return nil
+	}
+	return q.dev.xdp.poller(q.Vector())
+}
+
 // Pollers returns the accelerated datapath's pollers, nil on the kernel
 // datapath.
 func (d *Device) Pollers() []*xdpnet.Poller {

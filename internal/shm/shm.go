@@ -116,6 +116,15 @@ func (r *Ring) Peek() ([]byte, error) {
 	return r.slot(r.local), nil
 }
 
+// Produced returns the producer's published index. Unlike Peek it reads
+// only shared words, so a goroutine other than the consumer may ask: a
+// change means entries were posted.
+func (r *Ring) Produced() uint32 { return atomic.LoadUint32(r.word(offProd)) }
+
+// Consumed returns the consumer's published index; like Produced, safe
+// beside the consumer.
+func (r *Ring) Consumed() uint32 { return atomic.LoadUint32(r.word(offCons)) }
+
 // Release frees the entry Peek returned.
 func (r *Ring) Release() {
 	r.local++
