@@ -67,7 +67,7 @@ func TestDisconnectPendingRules(t *testing.T) {
 	// digest 003 §2: in DISCONNECT_PENDING only an abrupt disconnect is
 	// allowed; from DISCONNECTED it is a no-op. The state is set directly:
 	// over a real connection DISCONNECT_PENDING lasts microseconds.
-	s := &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}}
+	s := &session{objects: map[uint32]any{}}
 	e := &ep{h: 1, state: ctl.EPDisconnectPending}
 	s.objects[1] = e
 	err := s.disconnect(&ctl.Disconnect{EP: 1, Graceful: true})

@@ -15,7 +15,6 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
-	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
@@ -35,7 +34,7 @@ type ep struct {
 	// datapath), on poller pl; nil where the session drains them. The
 	// poller sets handOff for the session to drain them.
 	src     *ringSource
-	pl      *xdpnet.Poller
+	pl      sourcePoller
 	handOff atomic.Bool
 	// ringMu is held by whoever consumes sq and rq, the session or the
 	// poller (ringSource), and guards sgl, scratch for one work request's
@@ -113,6 +112,9 @@ func (s *session) createEP(a *ctl.EPAttr, _ any) (any, []*os.File, error) {
 		return nil, nil, err
 	}
 	e.h = h
+	if e.qp != nil {
+		s.owners.Store(e.qp.QPN(), h)
+	}
 	return s.epReply(e), f, nil
 }
 
@@ -175,7 +177,7 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 			return nil, fail(ctl.InvalidParameter, "%v", err)
 		}
 		e.qp, e.rings = q, mem
-		s.byQPN[q.QPN()] = e // unconfigureEP removes it
+		s.owners.Store(q.QPN(), e.h) // 0 until createEP has the handle; unconfigureEP removes it
 		e.sq, _ = shm.NewRing(mem.Mem[:sqSize], sqn, shm.SQESize)
 		e.rq, _ = shm.NewRing(mem.Mem[sqSize:], rqn, shm.RQESize)
 		fd, err := dupFile(mem.File)
@@ -208,7 +210,7 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 func (s *session) unconfigureEP(e *ep) {
 	unpoll(e)
 	if e.qp != nil {
-		delete(s.byQPN, e.qp.QPN())
+		s.owners.Delete(e.qp.QPN())
 		e.qp.Destroy()
 		e.qp = nil
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // batch bounds the work taken from one ring per step, so one busy EP does
@@ -63,10 +64,17 @@ func (s *session) setSleeping(sleeping bool) {
 		}
 	}
 	for _, o := range evds {
-		if sleeping && o.cq != nil {
+		if sleeping && o.cq != nil && o.src == nil { // a polled EVD's poller arms its CQ
 			o.cq.Arm(false)
 		}
 	}
+}
+
+// sourcePoller is what a ring or EVD source needs of its xdpnet.Poller
+// once added.
+type sourcePoller interface {
+	Wake()
+	RemoveSource(xdpnet.Source) error
 }
 
 // ringSource is an EP's send and receive rings as a source of its QP's
@@ -75,14 +83,14 @@ func (s *session) setSleeping(sleeping bool) {
 // while the poller spins costs no wake-up at all; the rings' need-wakeup
 // flags are up only while it sleeps, and the EP's doorbell is then the
 // poller's own (xdpnet.Poller.Doorbell). ringMu makes the poller and the
-// session (control operations) one consumer; the poller only tries it.
-// What needs an event (a refused work request, a corrupt ring) the
-// poller leaves in the ring and hands to the session.
+// session one consumer; the poller only tries it. What needs an event (a
+// refused work request, a corrupt ring) the poller leaves in the ring and
+// hands to the session, which otherwise leaves the rings alone.
 type ringSource struct {
 	s *session
 	e *ep
 	// seenSQ and seenRQ are the producer indices up to which the rings
-	// were found drained, drained, or handed to the session; loop-owned.
+	// were found drained or drained; loop-owned.
 	seenSQ, seenRQ uint32
 }
 
@@ -93,13 +101,13 @@ func (r *ringSource) Poll() bool {
 		r.seenSQ, r.seenRQ = sq, rq
 		return false
 	}
-	r.seenSQ, r.seenRQ = sq, rq
 	if !e.ringMu.TryLock() {
-		// The session is draining: it looks once more. Waiting here
-		// could keep a preempted holder off this CPU until the tick.
-		r.handOff()
+		// The session is draining (a hand-over or a control
+		// operation, briefly): try again next turn, and do not sleep
+		// meanwhile (seen stays behind).
 		return false
 	}
+	r.seenSQ, r.seenRQ = sq, rq
 	// Back-pressure leaves requests for completions to make room, which
 	// this loop makes: it retries on every turn.
 	progress, left := r.s.takeRQ(e, false)
@@ -120,6 +128,60 @@ func (r *ringSource) handOff() {
 	r.e.handOff.Store(true)
 	r.s.kick()
 }
+
+// evdSource is a DTO EVD as a source of its CQ's poller: completions go
+// from the CQ into the EVD's ring, and the waiting client is signalled, on
+// the CPU that made them, without the session. The poller arms the CQ
+// before it sleeps, so that completions made elsewhere (a flush on
+// disconnect) wake it. A full ring, a backlog of the session's events or
+// a corrupt ring hands the EVD to the session (handOff) until it has
+// forwarded everything: the client's doorbell for room is the session's.
+type evdSource struct {
+	s  *session
+	e  *evd
+	pl sourcePoller
+	// retry: the ring lock was busy at Poll; loop-owned.
+	retry bool
+}
+
+func (r *evdSource) Poll() bool {
+	e := r.e
+	r.retry = false
+	if e.handOff.Load() || e.cq.Len() == 0 {
+		return false
+	}
+	if !e.ringMu.TryLock() {
+		r.retry = true
+		return false
+	}
+	var moved, full bool
+	var err error
+	if len(e.backlog) > 0 {
+		full = true // the session's events go first
+	} else {
+		moved, full, err = e.forwardLocked(r.s.epOf)
+	}
+	if full || err != nil {
+		e.handOff.Store(true)
+	}
+	e.ringMu.Unlock()
+	if moved && e.ring.SwapFlags(0) == shm.Armed {
+		_ = shm.Signal(e.notify)
+	}
+	if full || err != nil {
+		r.s.kick()
+	}
+	return moved
+}
+
+func (r *evdSource) Sleeping() bool {
+	if !r.e.handOff.Load() {
+		r.e.cq.Arm(false)
+	}
+	return r.retry
+}
+
+func (r *evdSource) Awake() {}
 
 func (r *ringSource) Sleeping() bool {
 	r.e.sq.SetFlags(shm.NeedWakeup)
@@ -221,27 +283,38 @@ func (s *session) drainRings(e *ep) {
 
 // drainSQ and drainRQ are the session's: s.mu held, and a request the
 // engine refuses gets its event.
+// What they leave for want of event room a polled EP keeps handed over.
 func (s *session) drainSQ(e *ep) bool {
 	e.ringMu.Lock()
 	defer e.ringMu.Unlock()
-	progress, _ := s.takeSQ(e, true)
+	progress, left := s.takeSQ(e, true)
+	if left && e.src != nil {
+		e.handOff.Store(true)
+	}
 	return progress
 }
 
 func (s *session) drainRQ(e *ep) bool {
 	e.ringMu.Lock()
 	defer e.ringMu.Unlock()
-	progress, _ := s.takeRQ(e, true)
+	progress, left := s.takeRQ(e, true)
+	if left && e.src != nil {
+		e.handOff.Store(true)
+	}
 	return progress
 }
 
 // takeSQ moves send work requests from the ring into the engine, receives
 // first; e.ringMu held. With report (the session, s.mu also held) a
-// request the engine refuses gets an event and a corrupt ring ends the
-// session; without (the poller) either stays in the ring and left says
-// the session must see to it.
+// request the engine refuses gets an event, a corrupt ring ends the
+// session, and left says requests wait for event room; without (the
+// poller) a refused request or corrupt ring stays in the ring and left
+// says the session must see to it.
 func (s *session) takeSQ(e *ep, report bool) (progress, left bool) {
-	for n := 0; n < batch && !(report && e.req.backlogFull()); n++ {
+	for n := 0; n < batch; n++ {
+		if report && e.req.backlogFull() {
+			return progress, true
+		}
 		slot, err := e.sq.Peek()
 		if err != nil {
 			if report {
@@ -280,7 +353,10 @@ func (s *session) takeSQ(e *ep, report bool) (progress, left bool) {
 
 // takeRQ is takeSQ for the receive ring.
 func (s *session) takeRQ(e *ep, report bool) (progress, left bool) {
-	for n := uint32(0); n < e.rq.Entries() && !(report && e.recv.backlogFull()); n++ {
+	for n := uint32(0); n < e.rq.Entries(); n++ {
+		if report && e.recv.backlogFull() {
+			return progress, true
+		}
 		slot, err := e.rq.Peek()
 		if err != nil {
 			if report {
@@ -321,13 +397,39 @@ func postStatus(err error) completion.Status {
 	return completion.LocalQPOperationError
 }
 
-// forward moves completions from an EVD's CQ into its ring, as many as the
-// ring takes; the rest wait in the CQ.
+// forward moves an EVD's backlog and then completions from its CQ into
+// its ring, as many as the ring takes; the rest wait. A polled EVD is
+// the poller's unless handed over: the session gives it back once
+// everything is forwarded.
 func (s *session) forward(e *evd) bool {
+	if e.src != nil && !e.handOff.Load() {
+		return false
+	}
+	e.ringMu.Lock()
+	defer e.ringMu.Unlock()
 	progress := s.flushBacklog(e)
 	if e.cq == nil || len(e.backlog) > 0 {
 		return progress
 	}
+	moved, _, err := e.forwardLocked(s.epOf)
+	if err != nil {
+		s.violation("event ring", err)
+		return false
+	}
+	if moved {
+		e.produced = true
+	}
+	if e.src != nil && e.cq.Len() == 0 {
+		e.handOff.Store(false)
+		e.src.pl.Wake() // it arms the CQ before it sleeps again
+	}
+	return progress || moved
+}
+
+// forwardLocked moves completions from the CQ into the ring, at most a
+// batch; full says completions wait for room (the client is asked to ring
+// the doorbell when it takes an event). e.ringMu held.
+func (e *evd) forwardLocked(epOf func(qpn uint32) uint32) (moved, full bool, err error) {
 	var c [1]completion.Completion
 	for n := 0; n < batch; n++ {
 		// One CQ lock per completion, Poll's: Len is asked only when the
@@ -336,20 +438,18 @@ func (s *session) forward(e *evd) bool {
 		// every event it takes).
 		slot, err := e.ring.Reserve()
 		if slot == nil && err == nil && e.cq.Len() > 0 {
-			slot, err = e.askRoom()
+			if slot, err = e.askRoom(); slot == nil && err == nil {
+				return moved, true, nil
+			}
 		}
 		if err != nil {
-			s.violation("event ring", err)
-			return false
+			return moved, false, err
 		}
 		if slot == nil || e.cq.Poll(c[:]) == 0 {
 			break
 		}
 		eve := shm.EVE{Kind: shm.EventDTO, Status: uint8(c[0].Status), Opcode: uint8(c[0].Opcode), ID: c[0].ID,
-			ByteLen: c[0].ByteLen, Invalidated: c[0].Invalidated, Immediate: c[0].Immediate}
-		if owner := s.byQPN[c[0].QPN]; owner != nil {
-			eve.EP = owner.h
-		}
+			ByteLen: c[0].ByteLen, Invalidated: c[0].Invalidated, Immediate: c[0].Immediate, EP: epOf(c[0].QPN)}
 		if c[0].Solicited {
 			eve.Flags |= shm.EVESolicited
 		}
@@ -362,13 +462,13 @@ func (s *session) forward(e *evd) bool {
 		}
 		eve.Encode(slot)
 		e.ring.Commit()
-		e.produced = true
-		progress = true
+		moved = true
 	}
-	return progress
+	return moved, false, nil
 }
 
 // flushBacklog sends events that found the ring full; they go first.
+// e.ringMu held.
 func (s *session) flushBacklog(e *evd) bool {
 	q := e.backlog
 	progress := false
@@ -393,6 +493,8 @@ func (s *session) emit(e *evd, eve shm.EVE) {
 	if e == nil {
 		return
 	}
+	e.ringMu.Lock()
+	defer e.ringMu.Unlock()
 	if len(e.backlog) == 0 {
 		if slot, err := e.reserve(); err == nil && slot != nil {
 			eve.Encode(slot)

@@ -36,7 +36,7 @@ func TestToSendWR(t *testing.T) {
 func BenchmarkSessionStep(b *testing.B) {
 	for _, lmrs := range []int{0, 4096} {
 		b.Run(fmt.Sprintf("lmrs=%d", lmrs), func(b *testing.B) {
-			s := &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}}
+			s := &session{objects: map[uint32]any{}}
 			for range lmrs {
 				if _, err := s.add(&lmr{}); err != nil {
 					b.Fatal(err)
@@ -54,7 +54,7 @@ func BenchmarkSessionStep(b *testing.B) {
 
 // The data-path lists follow adds and frees.
 func TestDataPathLists(t *testing.T) {
-	s := &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}}
+	s := &session{objects: map[uint32]any{}}
 	hl, _ := s.add(&lmr{})
 	he, _ := s.add(&ep{})
 	hv, _ := s.add(&evd{})

@@ -7,6 +7,7 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // ringTest is a session with one EP whose rings are a poller's source
@@ -37,7 +38,7 @@ func newRingTest(t *testing.T) *ringTest {
 	evMem, err := shm.NewMemfd("evd-test", shm.RingSize(16, shm.EVESize))
 	must(t, err)
 	t.Cleanup(func() { evMem.Close() })
-	rt := &ringTest{s: &session{objects: map[uint32]any{}, byQPN: map[uint32]*ep{}, wake: make(chan struct{}, 1)}}
+	rt := &ringTest{s: &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}}
 	rt.ev = &evd{mem: evMem}
 	rt.ev.ring, _ = shm.NewRing(evMem.Mem, 16, shm.EVESize)
 	rt.e = &ep{qp: q, recv: rt.ev, req: rt.ev}
@@ -152,16 +153,111 @@ func TestRingSource(t *testing.T) {
 		t.Fatalf("event %+v", eve)
 	}
 
-	// A busy ring lock (the session draining) hands over rather than
-	// waits.
+	// A busy ring lock (the session draining) keeps the poller trying,
+	// awake.
 	rt.postRecv(t, 3)
 	rt.e.ringMu.Lock()
-	if src.Poll() || !rt.e.handOff.Load() {
-		t.Fatal("a held ring lock was not handed over")
+	if src.Poll() || !src.Sleeping() {
+		t.Fatal("a held ring lock let the poller sleep")
 	}
 	rt.e.ringMu.Unlock()
+	src.Awake()
+	if !src.Poll() || !drained(rt.e.rq) {
+		t.Fatal("the poller did not take the receive once the lock was free")
+	}
+}
+
+// fakePoller counts wake-ups.
+type fakePoller struct{ wakes int }
+
+func (f *fakePoller) Wake()                            { f.wakes++ }
+func (f *fakePoller) RemoveSource(xdpnet.Source) error { return nil }
+
+// The poller forwards completions into a polled EVD's ring and signals an
+// armed client; a full ring hands the EVD to the session, which forwards
+// once there is room and then gives it back.
+func TestEVDSource(t *testing.T) {
+	s := &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}
+	mem, err := shm.NewMemfd("evd-test", shm.RingSize(4, shm.EVESize))
+	must(t, err)
+	defer mem.Close()
+	notify, err := shm.NewEventfd()
+	must(t, err)
+	defer notify.Close()
+	e := &evd{mem: mem, notify: notify}
+	e.ring, _ = shm.NewRing(mem.Mem, 4, shm.EVESize)
+	e.cq, err = completion.New(completion.Options{Depth: 16, Handler: func(*completion.CQ) { e.src.pl.Wake() }})
+	must(t, err)
+	pl := &fakePoller{}
+	src := &evdSource{s: s, e: e, pl: pl}
+	e.src = src
+	_, err = s.add(e)
+	must(t, err)
+	s.owners.Store(uint32(5), uint32(77))
+	client, _ := shm.NewRing(mem.Mem, 4, shm.EVESize)
+	take := func() shm.EVE {
+		t.Helper()
+		slot, err := client.Peek()
+		if err != nil || slot == nil {
+			t.Fatalf("no event: %v", err)
+		}
+		eve := shm.DecodeEVE(slot)
+		client.Release()
+		return eve
+	}
+	push := func(id uint64) {
+		t.Helper()
+		must(t, e.cq.Push(completion.Completion{ID: id, QPN: 5, Opcode: completion.OpSend}))
+	}
+
+	// Sleeping arms the CQ: a completion made elsewhere wakes the poller.
+	if src.Poll() || src.Sleeping() {
+		t.Fatal("an empty CQ reported work")
+	}
+	push(1)
+	if pl.wakes != 1 {
+		t.Fatalf("%d wake-ups for a completion on an armed CQ", pl.wakes)
+	}
+	client.SetFlags(shm.Armed) // the client waits
+	if !src.Poll() {
+		t.Fatal("the poller forwarded nothing")
+	}
+	if eve := take(); eve.ID != 1 || eve.EP != 77 {
+		t.Fatalf("event %+v", eve)
+	}
+	if client.Flags() != 0 {
+		t.Fatal("the armed client was not signalled")
+	}
+	must(t, shm.Wait(notify))
+
+	// Five completions, four slots: the rest waits, and the session has
+	// the EVD until it forwarded it.
+	for id := uint64(10); id < 15; id++ {
+		push(id)
+	}
+	src.Poll()
+	if !e.handOff.Load() {
+		t.Fatal("a full ring was not handed to the session")
+	}
+	if src.Poll() {
+		t.Fatal("the poller forwarded a handed-over EVD")
+	}
+	select {
+	case <-s.wake:
+	default:
+		t.Fatal("the session was not kicked")
+	}
+	for id := uint64(10); id < 14; id++ {
+		if eve := take(); eve.ID != id {
+			t.Fatalf("event %d, want %d", eve.ID, id)
+		}
+	}
+	wakes := pl.wakes
 	s.step()
-	if !drained(rt.e.rq) {
-		t.Fatal("the session did not drain after the hand-over")
+	if e.handOff.Load() || pl.wakes != wakes+1 {
+		t.Fatal("the session did not give the EVD back to a woken poller")
+	}
+	if eve := take(); eve.ID != 14 {
+		t.Fatalf("event %d, want 14", eve.ID)
 	}
 }

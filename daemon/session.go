@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -43,7 +44,9 @@ type session struct {
 	evds    []*evd
 	dpStale bool
 	next    uint32
-	byQPN   map[uint32]*ep
+	// owners maps a QPN to its EP's handle, for completions: read by
+	// pollers without s.mu.
+	owners  sync.Map
 	closing bool
 
 	doorbell *os.File // the client signals it; the poller sleeps on it
@@ -61,8 +64,16 @@ func newSession(srv *Server, c *net.UnixConn, id uint32, cred *unix.Ucred) (*ses
 	if err != nil {
 		return nil, err
 	}
-	return &session{srv: srv, conn: c, id: id, cred: cred, objects: map[uint32]any{}, byQPN: map[uint32]*ep{},
+	return &session{srv: srv, conn: c, id: id, cred: cred, objects: map[uint32]any{},
 		doorbell: db, wake: make(chan struct{}, 1), done: make(chan struct{})}, nil
+}
+
+// epOf is the handle of the EP whose QP has number qpn, 0 if none.
+func (s *session) epOf(qpn uint32) uint32 {
+	if h, ok := s.owners.Load(qpn); ok {
+		return h.(uint32)
+	}
+	return 0
 }
 
 // kick wakes the poller; it never blocks.
@@ -392,16 +403,22 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, f *os.File) (any, []*os.File
 // evd is an event dispatcher: a ring in shared memory the poller produces
 // into, an eventfd to wake the client, and for DTO EVDs the engine's CQ.
 type evd struct {
-	h        uint32
-	flags    uint8
-	mem      *shm.Memfd
-	ring     *shm.Ring
-	notify   *os.File
-	cq       *completion.CQ
-	refs     int
-	produced bool // since the last notification check
-	// backlog holds events that found the ring full.
-	backlog []shm.EVE
+	h      uint32
+	flags  uint8
+	mem    *shm.Memfd
+	ring   *shm.Ring
+	notify *os.File
+	cq     *completion.CQ
+	refs   int
+	// ringMu is held by whoever produces into ring, the session or the
+	// CQ's poller (evdSource, src: nil where the session alone does),
+	// and guards backlog, events that found the ring full, and produced.
+	ringMu   sync.Mutex
+	produced bool // by the session, since its last notification check
+	backlog  []shm.EVE
+	src      *evdSource
+	// handOff: the poller left the EVD to the session.
+	handOff atomic.Bool
 }
 
 // reserve takes a slot in the event ring, asking for room when it is full
@@ -462,11 +479,25 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 	}
 	e := &evd{flags: req.Flags, mem: mem, ring: ring, notify: notify}
 	if req.Flags&ctl.EVDDTO != 0 {
-		e.cq, err = completion.New(completion.Options{Depth: int(entries), Vector: int(req.Vector), Handler: func(*completion.CQ) { s.kick() }})
+		// An armed CQ wakes whoever forwards its completions.
+		e.cq, err = completion.New(completion.Options{Depth: int(entries), Vector: int(req.Vector), Handler: func(*completion.CQ) {
+			if e.src != nil {
+				e.src.pl.Wake()
+			} else {
+				s.kick()
+			}
+		}})
 		if err != nil {
 			mem.Close()
 			notify.Close()
 			return nil, nil, fail(ctl.InvalidParameter, "%v", err)
+		}
+		if pl := s.srv.dev.Poller(int(req.Vector)); pl != nil {
+			src := &evdSource{s: s, e: e, pl: pl}
+			e.src = src
+			if pl.AddSource(src) != nil {
+				e.src = nil
+			}
 		}
 	}
 	s.mu.Lock()
@@ -561,6 +592,11 @@ func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
 }
 
 func (e *evd) free() {
+	if e.src != nil {
+		// Synchronous: the poller touches the ring no more.
+		_ = e.src.pl.RemoveSource(e.src)
+		e.src = nil
+	}
 	e.mem.Close()
 	e.notify.Close()
 }

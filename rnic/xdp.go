@@ -148,10 +148,18 @@ func (x *xdpPath) poller(vector int) *xdpnet.Poller {
 // Poller is the poller the QP runs on, its CQs' (seed 004); nil on the
 // kernel datapath.
 func (q *QP) Poller() *xdpnet.Poller {
-	if q.dev.xdp == nil || q.attr.SendCQ == nil {
+	if q.attr.SendCQ == nil {
 		return nil
 	}
-	return q.dev.xdp.poller(q.Vector())
+	return q.dev.Poller(q.Vector())
+}
+
+// Poller is the poller of a completion vector; nil on the kernel datapath.
+func (d *Device) Poller(vector int) *xdpnet.Poller {
+	if d.xdp == nil {
+		return nil
+	}
+	return d.xdp.poller(vector)
 }
 
 // Pollers returns the accelerated datapath's pollers, nil on the kernel

@@ -39,6 +39,10 @@ func (p *Poller) Doorbell() (*os.File, error) {
 	return os.NewFile(uintptr(fd), "softrnic-poller-doorbell"), nil
 }
 
+// Wake wakes the loop if it sleeps, at most once per sleep: for a Source
+// whose work arrived by another way than its doorbell.
+func (p *Poller) Wake() { p.wakeSleeping() }
+
 // AddSource makes the loop poll s on every turn until RemoveSource.
 func (p *Poller) AddSource(s Source) error {
 	return p.Do(func(*tcp.Stack, tcp.Time) { p.sources = append(p.sources, s) })
