@@ -198,11 +198,13 @@ type EPAttr struct {
 }
 
 // CreateEP creates an endpoint. With a PZ the reply passes the memfd of
-// its send and receive rings.
+// its send and receive rings and the eventfd to write when a post finds a
+// ring's need-wakeup flag up (the poller of the EP's QP on the
+// accelerated datapath, else the session's doorbell).
 type CreateEP struct{ Attr EPAttr }
 
 // EPReply is returned by CreateEP and ModifyEP: the handle and, when a QP
-// exists, the ring sizes (the rings' memfd comes with it).
+// exists, the ring sizes (the rings' memfd and doorbell come with it).
 type EPReply struct {
 	EP        uint32
 	HasRings  bool

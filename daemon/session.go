@@ -412,11 +412,13 @@ type evd struct {
 	refs   int
 	// ringMu is held by whoever produces into ring, the session or the
 	// CQ's poller (evdSource, src: nil where the session alone does),
-	// and guards backlog, events that found the ring full, and produced.
-	ringMu   sync.Mutex
-	produced bool // by the session, since its last notification check
-	backlog  []shm.EVE
-	src      *evdSource
+	// and guards backlog, events that found the ring full.
+	ringMu  sync.Mutex
+	backlog []shm.EVE
+	src     *evdSource
+	// produced: the session produced since its last notification
+	// check (the poller signals the client itself); s.mu.
+	produced bool
 	// handOff: the poller left the EVD to the session.
 	handOff atomic.Bool
 }
@@ -593,9 +595,9 @@ func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
 
 func (e *evd) free() {
 	if e.src != nil {
-		// Synchronous: the poller touches the ring no more.
+		// Synchronous: the poller touches the ring no more. src
+		// stays: the CQ's handler may still read it.
 		_ = e.src.pl.RemoveSource(e.src)
-		e.src = nil
 	}
 	e.mem.Close()
 	e.notify.Close()

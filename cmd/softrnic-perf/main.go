@@ -27,6 +27,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
 )
@@ -70,6 +72,7 @@ type opts struct {
 	bufSize    int
 	testNumber int
 	perftest   bool
+	busy       bool
 }
 
 // Result is one line of output (and of --json).
@@ -116,6 +119,7 @@ func main() {
 	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
 	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.BoolVar(&o.busy, "busy", false, "write_lat: spin on memory without yielding the processor between looks, as perftest does")
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() > 1 || o.qps < 1 || o.qps > maxQPs || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
 		fmt.Fprintf(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1..%d, -s 1..8388608, -t >= 1)\n", maxQPs)
@@ -444,6 +448,7 @@ func (p *peer) serveWriteLat(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			p.o.pause()
 			if ev, ok, _ := p.conn.Dequeue(); ok && (ev.Conn == client.Disconnected || ev.Conn == client.Broken) {
 				return nil
 			}
@@ -456,6 +461,18 @@ func (p *peer) serveWriteLat(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
+}
+
+// pause is the write_lat wait loop's breath between two looks at memory:
+// unless --busy, it yields the processor (sched_yield; on an idle core it
+// returns at once). The RNIC here is software whose pollers share the
+// cores: a process that spins without yielding can keep the poller it
+// waits for, or its peer's process, off a shared core for a whole
+// scheduler slice (milliseconds of tail latency on two cores).
+func (o *opts) pause() {
+	if !o.busy {
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
 }
 
 // atomicLoad8 reads the octet at p through an atomic load of its aligned
@@ -810,6 +827,7 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 				if ctx.Err() != nil {
 					err = ctx.Err()
 				}
+				o.pause()
 			}
 		}
 		if err != nil {
