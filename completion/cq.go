@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Status of a completion, in the spirit of ibv_wc_status.
@@ -116,10 +117,13 @@ type CQ struct {
 	depth  int
 	vector int
 
-	mu      sync.Mutex
-	ring    []Completion
-	head    int // next to poll
-	n       int
+	mu   sync.Mutex
+	ring []Completion
+	head int // next to poll
+	n    int
+	// waiting mirrors n for Len, which pollers ask on every turn
+	// without taking mu.
+	waiting atomic.Int32
 	armed   bool
 	solOnly bool
 	overrun bool
@@ -175,6 +179,7 @@ func (cq *CQ) Push(c Completion) error {
 	}
 	cq.ring[(cq.head+cq.n)%cq.depth] = c
 	cq.n++
+	cq.waiting.Store(int32(cq.n))
 	fire := cq.armed && (!cq.solOnly || c.Solicited || c.Status != Success)
 	if fire {
 		cq.armed = false
@@ -206,16 +211,13 @@ func (cq *CQ) Poll(out []Completion) int {
 		cq.head = (cq.head + 1) % cq.depth
 	}
 	cq.n -= k
+	cq.waiting.Store(int32(cq.n))
 	cq.mu.Unlock()
 	return k
 }
 
 // Len is the number of completions waiting.
-func (cq *CQ) Len() int {
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	return cq.n
-}
+func (cq *CQ) Len() int { return int(cq.waiting.Load()) }
 
 // Overrun reports whether a completion was ever lost to a full CQ.
 func (cq *CQ) Overrun() bool {
