@@ -185,6 +185,9 @@ type Stats struct {
 	// by eventfd; Turns of the loop.
 	Sleeps, Wakeups, Turns uint64
 	Slept                  time.Duration
+	// YieldBackoffs: spins that stopped yielding the CPU after a yield
+	// that did not come back soon (see yield).
+	YieldBackoffs uint64
 	// Flows and Listens currently registered with the steering program.
 	Flows, Listens int
 	// ImpairRX and ImpairTX count what the impaired link did.
@@ -383,7 +386,11 @@ const (
 	// was worse again.
 	defaultSpin = 50 * time.Microsecond
 	spinMin     = 10 * time.Microsecond
-	quickWake   = 20 * time.Microsecond
+	// yieldHog and the backoffs: see yield.
+	yieldHog        = 200 * time.Microsecond
+	yieldBackoffMin = 10 * time.Millisecond
+	yieldBackoffMax = 2 * time.Second
+	quickWake       = 20 * time.Microsecond
 )
 
 // offloadWarnAfter is how many segments dropped for their TCP checksum
@@ -531,6 +538,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	maxSpin := tcp.Time(p.cfg.Spin)
 	minSpin := min(tcp.Time(spinMin), maxSpin)
 	spin := minSpin
+	var y yielding
 	for {
 		if p.stopReq.Load() {
 			p.shutdown()
@@ -547,6 +555,9 @@ func (p *Poller) Run(ctx context.Context) error {
 			continue
 		}
 		if now-lastWork < spin {
+			if now >= y.again {
+				p.yield(now, &y)
+			}
 			continue
 		}
 		slept, err := p.sleep(now)
@@ -680,6 +691,39 @@ func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 		_, _ = unix.Read(p.eventfd, b[:])
 	}
 	return true, nil
+}
+
+// yield lets a thread waiting for this CPU run during a spin: the
+// application whose next post the spin hopes to catch may need the CPU to
+// make it (sched_yield returns at once when nothing waits). A thread that
+// does not yield back keeps the CPU for a scheduler slice, milliseconds
+// with work waiting here: after such a yield the loop spins without
+// yielding for a while, twice as long after each such yield in a row (a
+// busy-polling application), from yieldBackoffMin up to yieldBackoffMax.
+// y is the loop's state.
+func (p *Poller) yield(now tcp.Time, y *yielding) {
+	_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	if y.yielded(now, p.now()) {
+		p.stats.YieldBackoffs++
+	}
+}
+
+// yielding is Run's state for yield.
+type yielding struct {
+	again   tcp.Time // no yield before
+	backoff tcp.Time // the last backoff, 0 after a yield that came back soon
+}
+
+// yielded records a yield from start to end and reports whether it backs
+// off.
+func (y *yielding) yielded(start, end tcp.Time) bool {
+	if end-start <= tcp.Time(yieldHog) {
+		y.backoff = 0
+		return false
+	}
+	y.backoff = min(max(2*y.backoff, tcp.Time(yieldBackoffMin)), tcp.Time(yieldBackoffMax))
+	y.again = end + y.backoff
+	return true
 }
 
 // requestStop makes Run return at its next turn.
