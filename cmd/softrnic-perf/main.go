@@ -119,7 +119,7 @@ func main() {
 	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
 	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
-	fs.BoolVar(&o.busy, "busy", false, "write_lat: spin on memory without yielding the processor between looks, as perftest does")
+	fs.BoolVar(&o.busy, "busy", false, "latency tests: spin on memory or completions without yielding the processor between looks, as perftest does")
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() > 1 || o.qps < 1 || o.qps > maxQPs || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
 		fmt.Fprintf(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1..%d, -s 1..8388608, -t >= 1)\n", maxQPs)
@@ -233,10 +233,36 @@ func (p *peer) waitConn(ctx context.Context) (client.ConnEvent, error) {
 
 func reap(ctx context.Context, e *client.EVD) (client.Event, error) {
 	ev, err := e.Wait(ctx)
+	return ev, failed(ev, err)
+}
+
+// failed turns an unsuccessful completion into an error.
+func failed(ev client.Event, err error) error {
 	if err == nil && ev.Status != completion.Success {
 		err = fmt.Errorf("completion %d: %v (cause %v)", ev.Cookie, ev.Status, ev.Cause)
 	}
-	return ev, err
+	return err
+}
+
+// poll takes e's next event as the latency tests of perftest take their
+// completions, by polling, with pause between looks; reap sleeps instead.
+func (o *opts) poll(ctx context.Context, e *client.EVD) (client.Event, error) {
+	for {
+		ev, ok, err := e.Dequeue()
+		if ok || err != nil {
+			return ev, err
+		}
+		if err := ctx.Err(); err != nil {
+			return ev, err
+		}
+		o.pause()
+	}
+}
+
+// reapPolled is reap by poll.
+func (o *opts) reapPolled(ctx context.Context, e *client.EVD) (client.Event, error) {
+	ev, err := o.poll(ctx, e)
+	return ev, failed(ev, err)
 }
 
 // The client's request names the test, its queue pair count and sizes and
@@ -401,7 +427,12 @@ const creditWindow = 64
 func (p *peer) serveSends(ctx context.Context, pong bool) error {
 	n := 0
 	for {
-		ev, err := p.recvs.Wait(ctx)
+		// send_lat's pong polls as its client does.
+		wait := p.recvs.Wait
+		if pong {
+			wait = func(ctx context.Context) (client.Event, error) { return p.o.poll(ctx, p.recvs) }
+		}
+		ev, err := wait(ctx)
 		if err != nil {
 			return err
 		}
@@ -430,7 +461,7 @@ func (p *peer) serveSends(ctx context.Context, pong bool) error {
 			if err := p.ep.PostSend(uint64(n), []client.Segment{{LMR: p.lmr, Length: uint32(p.o.size)}}, client.Signaled); err != nil {
 				return err
 			}
-			if _, err := reap(ctx, p.sends); err != nil {
+			if _, err := p.o.reapPolled(ctx, p.sends); err != nil {
 				return err
 			}
 		}
@@ -463,9 +494,9 @@ func (p *peer) serveWriteLat(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// pause is the write_lat wait loop's breath between two looks at memory:
-// unless --busy, it yields the processor (sched_yield; on an idle core it
-// returns at once). The RNIC here is software whose pollers share the
+// pause is the latency tests' breath between two looks at memory or at
+// an EVD: unless --busy, it yields the processor (sched_yield; on an idle
+// core it returns at once). The RNIC here is software whose pollers share the
 // cores: a process that spins without yielding can keep the poller it
 // waits for, or its peer's process, off a shared core for a whole
 // scheduler slice (milliseconds of tail latency on two cores).
@@ -791,12 +822,12 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 		case readLat:
 			err = p.ep.PostRead(uint64(i), client.Segment{LMR: p.lmr, Length: uint32(size)}, p.remote, client.Signaled)
 			if err == nil {
-				_, err = reap(ctx, p.sends)
+				_, err = o.reapPolled(ctx, p.sends)
 			}
 		case atomicLat:
 			err = p.ep.PostFetchAdd(uint64(i), client.Segment{LMR: p.lmr, Length: 8}, p.remote, 1, client.Signaled)
 			if err == nil {
-				_, err = reap(ctx, p.sends)
+				_, err = o.reapPolled(ctx, p.sends)
 			}
 			// Each Fetch-and-Add returns the word as the one before left
 			// it: the first value, plus one per earlier iteration.
@@ -811,10 +842,10 @@ func (p *peer) latency(ctx context.Context, size int, r Result) (Result, error) 
 		case sendLat:
 			err = p.ep.PostSend(uint64(i), []client.Segment{{LMR: p.lmr, Length: uint32(size)}}, client.Signaled)
 			if err == nil {
-				_, err = reap(ctx, p.recvs)
+				_, err = o.reapPolled(ctx, p.recvs)
 			}
 			if err == nil {
-				_, err = reap(ctx, p.sends)
+				_, err = o.reapPolled(ctx, p.sends)
 			}
 			if err == nil {
 				err = p.ep.PostRecv(uint64(i+2), []client.Segment{{LMR: p.lmr, Offset: uint64(o.size), Length: uint32(size)}})
