@@ -89,8 +89,8 @@ type sourcePoller interface {
 type ringSource struct {
 	s *session
 	e *ep
-	// seenSQ and seenRQ are the producer indices up to which the rings
-	// were found drained or drained; loop-owned.
+	// seenSQ and seenRQ are the producer indices up to which Poll found
+	// the rings empty or took what it could; loop-owned.
 	seenSQ, seenRQ uint32
 }
 
@@ -121,6 +121,17 @@ func (r *ringSource) Poll() bool {
 		r.handOff()
 	}
 	return progress
+}
+
+func (r *ringSource) Sleeping() bool {
+	r.e.sq.SetFlags(shm.NeedWakeup)
+	r.e.rq.SetFlags(shm.NeedWakeup)
+	return r.e.sq.Produced() != r.seenSQ || r.e.rq.Produced() != r.seenRQ
+}
+
+func (r *ringSource) Awake() {
+	r.e.sq.SetFlags(0)
+	r.e.rq.SetFlags(0)
 }
 
 // handOff asks the session to drain the rings.
@@ -182,17 +193,6 @@ func (r *evdSource) Sleeping() bool {
 }
 
 func (r *evdSource) Awake() {}
-
-func (r *ringSource) Sleeping() bool {
-	r.e.sq.SetFlags(shm.NeedWakeup)
-	r.e.rq.SetFlags(shm.NeedWakeup)
-	return r.e.sq.Produced() != r.seenSQ || r.e.rq.Produced() != r.seenRQ
-}
-
-func (r *ringSource) Awake() {
-	r.e.sq.SetFlags(0)
-	r.e.rq.SetFlags(0)
-}
 
 // step does one round of work and reports whether there was any.
 func (s *session) step() bool {
