@@ -31,10 +31,9 @@ type ep struct {
 	rings  *shm.Memfd
 	sq, rq *shm.Ring
 	// src is the rings as a source of the QP's poller (accelerated
-	// datapath), on poller pl; nil where the session drains them. The
-	// poller sets handOff for the session to drain them.
+	// datapath); nil where the session drains them. The poller sets
+	// handOff for the session to drain them.
 	src     *ringSource
-	pl      sourcePoller
 	handOff atomic.Bool
 	// ringMu is held by whoever consumes sq and rq, the session or the
 	// poller (ringSource), and guards sgl, scratch for one work request's
@@ -235,9 +234,9 @@ func (s *session) unconfigureEP(e *ep) {
 func (s *session) ringDoorbell(e *ep) (*os.File, error) {
 	if pl := e.qp.Poller(); pl != nil {
 		if db, err := pl.Doorbell(); err == nil {
-			src := &ringSource{s: s, e: e}
+			src := &ringSource{s: s, e: e, pl: pl}
 			if pl.AddSource(src) == nil {
-				e.src, e.pl = src, pl
+				e.src = src
 				return db, nil
 			}
 			db.Close()
@@ -250,8 +249,8 @@ func (s *session) ringDoorbell(e *ep) (*os.File, error) {
 // touches them no more: call it before the rings are unmapped.
 func unpoll(e *ep) {
 	if e.src != nil {
-		_ = e.pl.RemoveSource(e.src)
-		e.src, e.pl = nil, nil
+		_ = e.src.pl.RemoveSource(e.src)
+		e.src = nil
 	}
 }
 

@@ -87,8 +87,9 @@ type sourcePoller interface {
 // refused work request, a corrupt ring) the poller leaves in the ring and
 // hands to the session, which otherwise leaves the rings alone.
 type ringSource struct {
-	s *session
-	e *ep
+	s  *session
+	e  *ep
+	pl sourcePoller
 	// seenSQ and seenRQ are the producer indices up to which Poll found
 	// the rings empty or took what it could; loop-owned.
 	seenSQ, seenRQ uint32
@@ -283,21 +284,15 @@ func (s *session) drainRings(e *ep) {
 
 // drainSQ and drainRQ are the session's: s.mu held, and a request the
 // engine refuses gets its event.
-// What they leave for want of event room a polled EP keeps handed over.
-func (s *session) drainSQ(e *ep) bool {
-	e.ringMu.Lock()
-	defer e.ringMu.Unlock()
-	progress, left := s.takeSQ(e, true)
-	if left && e.src != nil {
-		e.handOff.Store(true)
-	}
-	return progress
-}
+func (s *session) drainSQ(e *ep) bool { return s.drain(e, s.takeSQ) }
+func (s *session) drainRQ(e *ep) bool { return s.drain(e, s.takeRQ) }
 
-func (s *session) drainRQ(e *ep) bool {
+// drain runs take under the EP's ring lock; what it leaves for want of
+// event room a polled EP keeps handed over.
+func (s *session) drain(e *ep, take func(*ep, bool) (progress, left bool)) bool {
 	e.ringMu.Lock()
 	defer e.ringMu.Unlock()
-	progress, left := s.takeRQ(e, true)
+	progress, left := take(e, true)
 	if left && e.src != nil {
 		e.handOff.Store(true)
 	}
@@ -432,7 +427,7 @@ func (s *session) forward(e *evd) bool {
 func (e *evd) forwardLocked(epOf func(qpn uint32) uint32) (moved, full bool, err error) {
 	var c [1]completion.Completion
 	for n := 0; n < batch; n++ {
-		// One CQ lock per completion, Poll's: Len is asked only when the
+		// One CQ lock per completion, Poll's. Len is asked only when the
 		// ring is full, so that the client is asked for room only while
 		// completions wait for it (else it would ring the doorbell for
 		// every event it takes).

@@ -11,10 +11,12 @@
 // writes into wake-ups. On the accelerated datapath an EP's rings are its
 // QP's xdpnet poller's instead (ringSource): the pinned poller takes work
 // requests on the CQ's CPU and the client's doorbell for them is the
-// poller's. Connection setup runs in short-lived goroutines whose results,
-// like the engine's connection events, are queued for the session's
-// poller, the only writer of event rings. Lock order: session.mu, then an
-// EP's ringMu, then any QP's.
+// poller's; and that poller forwards a DTO EVD's completions (evdSource).
+// Connection setup runs in short-lived goroutines whose results, like the
+// engine's connection events, are queued for the session's poller. An
+// EP's ringMu makes its rings' consumers one, an EVD's its ring's
+// producers. Lock order: session.mu, then an EP's ringMu, then an EVD's
+// ringMu or any QP's.
 package daemon
 
 import (

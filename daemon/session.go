@@ -495,10 +495,8 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 			return nil, nil, fail(ctl.InvalidParameter, "%v", err)
 		}
 		if pl := s.srv.dev.Poller(int(req.Vector)); pl != nil {
-			src := &evdSource{s: s, e: e, pl: pl}
-			e.src = src
-			if pl.AddSource(src) != nil {
-				e.src = nil
+			if src := (&evdSource{s: s, e: e, pl: pl}); pl.AddSource(src) == nil {
+				e.src = src
 			}
 		}
 	}
