@@ -177,7 +177,7 @@ func (p *Poller) handTo(to *Poller, frame []byte) {
 		return
 	}
 	p.stats.HandedOff++
-	to.wakeSleeping()
+	to.Wake()
 }
 
 // handedWaiting reports whether another poller has handed this one frames

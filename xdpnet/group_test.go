@@ -227,7 +227,7 @@ func TestWakeOncePerSleep(t *testing.T) {
 		return binary.NativeEndian.Uint64(b[:])
 	}
 	for range 3 {
-		p.wakeSleeping()
+		p.Wake()
 	}
 	if n := writes(); n != 0 {
 		t.Fatalf("awake: %d writes", n)
@@ -237,7 +237,7 @@ func TestWakeOncePerSleep(t *testing.T) {
 		p.woken.Store(false)
 		p.sleeping.Store(true)
 		for range 5 {
-			p.wakeSleeping()
+			p.Wake()
 		}
 		p.Async(func() {})
 		if n := writes(); n != 1 {

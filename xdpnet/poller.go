@@ -221,7 +221,7 @@ type Poller struct {
 	asyncSpare   []func()     // the loop's: the slice runAsync last emptied
 	sleeping     atomic.Bool
 	// woken: the eventfd was written since the loop last went to sleep
-	// (wakeSleeping writes it once per sleep).
+	// (Wake writes it once per sleep).
 	woken atomic.Bool
 	// rxStage and txStage impair the link (nil: not impaired); scratch
 	// takes a frame out of rxStage.
@@ -739,10 +739,10 @@ func (p *Poller) wake() {
 	_, _ = unix.Write(p.eventfd, b[:])
 }
 
-// wakeSleeping wakes the loop if it sleeps, at most once per sleep: for
-// work queued where sleep looks after setting sleeping (Async, handoff
-// rings).
-func (p *Poller) wakeSleeping() {
+// Wake wakes the loop if it sleeps, at most once per sleep: for work
+// queued where sleep looks after setting sleeping (Async, handoff rings),
+// or a Source's work that came another way than its doorbell.
+func (p *Poller) Wake() {
 	if p.sleeping.Load() && !p.woken.Swap(true) {
 		p.wake()
 	}
@@ -783,7 +783,7 @@ func (p *Poller) Async(fn func()) {
 	p.async = append(p.async, fn)
 	p.asyncPending.Add(1)
 	p.asyncMu.Unlock()
-	p.wakeSleeping()
+	p.Wake()
 }
 
 // runAsync runs the functions Async queued; it reports whether there were any.

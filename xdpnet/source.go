@@ -12,10 +12,10 @@ import (
 
 // Source is work the loop polls besides its socket: an application's send
 // and receive rings in shared memory (the design's "SQ doorbell → qp" on
-// the poller). A busy loop takes posted work requests while it spins, so
-// a post needs no wake-up at all; a sleeping one is woken by the producer
-// through Doorbell. The methods run on the
-// loop and must not block.
+// the poller), or the completions it forwards to an application. A busy
+// loop takes posted work requests while it spins, so a post needs no
+// wake-up at all; a sleeping one is woken by the producer through
+// Doorbell, or by Wake. The methods run on the loop and must not block.
 type Source interface {
 	// Poll takes the work waiting and reports whether there was any.
 	Poll() bool
@@ -38,10 +38,6 @@ func (p *Poller) Doorbell() (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), "softrnic-poller-doorbell"), nil
 }
-
-// Wake wakes the loop if it sleeps, at most once per sleep: for a Source
-// whose work arrived by another way than its doorbell.
-func (p *Poller) Wake() { p.wakeSleeping() }
 
 // AddSource makes the loop poll s on every turn until RemoveSource.
 func (p *Poller) AddSource(s Source) error {
