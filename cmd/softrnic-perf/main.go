@@ -425,13 +425,13 @@ const creditWindow = 64
 // serveSends reposts a receive for every Send; in latency mode it answers
 // each with a Send.
 func (p *peer) serveSends(ctx context.Context, pong bool) error {
+	// send_lat's pong polls as its client does.
+	wait := p.recvs.Wait
+	if pong {
+		wait = func(ctx context.Context) (client.Event, error) { return p.o.poll(ctx, p.recvs) }
+	}
 	n := 0
 	for {
-		// send_lat's pong polls as its client does.
-		wait := p.recvs.Wait
-		if pong {
-			wait = func(ctx context.Context) (client.Event, error) { return p.o.poll(ctx, p.recvs) }
-		}
 		ev, err := wait(ctx)
 		if err != nil {
 			return err
@@ -496,8 +496,8 @@ func (p *peer) serveWriteLat(ctx context.Context) error {
 
 // pause is the latency tests' breath between two looks at memory or at
 // an EVD: unless --busy, it yields the processor (sched_yield; on an idle
-// core it returns at once). The RNIC here is software whose pollers share the
-// cores: a process that spins without yielding can keep the poller it
+// core it returns at once). The RNIC here is software whose pollers share
+// the cores: a process that spins without yielding can keep the poller it
 // waits for, or its peer's process, off a shared core for a whole
 // scheduler slice (milliseconds of tail latency on two cores).
 func (o *opts) pause() {

@@ -142,7 +142,7 @@ func (r *Ring) SwapFlags(v uint32) uint32 { return atomic.SwapUint32(r.word(offF
 
 // WantRoom (producer of an event ring) asks to be woken when the consumer
 // takes an entry. Set it, then try Reserve again before sleeping: either
-// that finds room or the consumer's TookEntry sees the request.
+// that finds room or the consumer's RoomWanted sees the request.
 func (r *Ring) WantRoom() { atomic.StoreUint32(r.word(offWanted), 1) }
 
 // RoomWanted (consumer) reports, after Release, whether the producer asked
