@@ -472,15 +472,15 @@ func (q *QP) txLoop() {
 // peer before nudging it (see qp.QP.Nudge).
 const nudgeDelay = 50 * time.Millisecond
 
-// nudgeIfSilent sends a zero-length Write if the peer has sent nothing
-// since the connection came up although we have sent it FPDUs: Linux siw
-// loses the wake-up for FPDUs that arrive between its MPA Reply and its
 // busyLocked: the QP has, or is getting, a connection, or cannot take one;
 // q.mu held.
 func (q *QP) busyLocked() bool {
 	return q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
 }
 
+// nudgeIfSilent sends a zero-length Write if the peer has sent nothing
+// since the connection came up although we have sent it FPDUs: Linux siw
+// loses the wake-up for FPDUs that arrive between its MPA Reply and its
 // QP taking over the socket, and waits until more data comes.
 func (q *QP) nudgeIfSilent() {
 	if q.heard.Load() {

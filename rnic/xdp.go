@@ -147,12 +147,7 @@ func (x *xdpPath) poller(vector int) *xdpnet.Poller {
 
 // Poller is the poller the QP runs on, its CQs' (seed 004); nil on the
 // kernel datapath.
-func (q *QP) Poller() *xdpnet.Poller {
-	if q.attr.SendCQ == nil {
-		return nil
-	}
-	return q.dev.Poller(q.Vector())
-}
+func (q *QP) Poller() *xdpnet.Poller { return q.dev.Poller(q.Vector()) }
 
 // Poller is the poller of a completion vector; nil on the kernel datapath.
 func (d *Device) Poller(vector int) *xdpnet.Poller {
@@ -392,7 +387,6 @@ func (ec *engineConn) closeTimedOut(q *QP) {
 // the QP's poller opens the connection and MPA startup runs in its
 // callbacks.
 func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
-	x := q.dev.xdp
 	ap, err := netip.ParseAddrPort(raddr)
 	if err != nil || !ap.Addr().Is4() {
 		return nil, fmt.Errorf("connect %s: want IPv4 host:port: %w", raddr, ErrInvalidParam)
@@ -407,7 +401,7 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 	if _, err := cfg.Request(); err != nil {
 		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
 	}
-	p := x.poller(q.Vector())
+	p := q.Poller()
 	ec := newEngineConn(p, q, NewEngineLLP(q.eng, cfg, true))
 	ec.result = make(chan error, 1)
 	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
@@ -541,7 +535,7 @@ func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
 }
 
 // acceptEngine connects q to a passive connection of the accelerated
-// datapath. The connection stays on the poller whose queue it came in on.
+// datapath, moving it from the poller whose queue it came in on to q's.
 func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	ec := cr.ec
 	if q.dev != cr.l.dev {
@@ -570,7 +564,7 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	// Seed 004: the QP runs on its CQ's poller, so the connection moves
 	// there from the poller that listened (with a single poller, or a
 	// QP of the listener's vector, it stays).
-	from, to := ec.poller(), q.dev.xdp.poller(q.Vector())
+	from, to := ec.poller(), q.Poller()
 	if derr := from.Move(ec.id, to, func(c *tcp.Conn) {
 		ec.pl.Store(to)
 		if cr.gone.Load() || ec.conn == nil {
