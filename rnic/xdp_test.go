@@ -100,6 +100,7 @@ func testQPOverXDP(t *testing.T, mode bpf.Mode) {
 		}
 	}
 	rc := wait(t, eng.rcq, 1)
+	drain(eng.rcq, &rc) // exactly one: nothing more may follow
 	if len(rc) != 1 || rc[0].Status != completion.Success || rc[0].ByteLen != 64 {
 		t.Fatalf("engine-side receive completions %+v", rc)
 	}
