@@ -152,7 +152,7 @@ func (l *link) pump() {
 		moved := false
 		for _, dir := range [2][2]*side{{l.a, l.b}, {l.b, l.a}} {
 			from, to := dir[0], dir[1]
-			n := from.q.Transmit(l.buf[:0:cap(l.buf)])
+			n := from.q.Transmit(l.buf[:cap(l.buf)])
 			if n == 0 {
 				continue
 			}

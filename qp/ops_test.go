@@ -516,3 +516,28 @@ func TestNudgeIsHarmless(t *testing.T) {
 		t.Fatalf("after a nudge: %+v, events %v %v", rc, a.events, b.events)
 	}
 }
+
+// Transmit writes within len(buf), whatever the capacity behind it: a
+// caller may hand it a window of a larger buffer (the TCP engine's send
+// ring) whose octets past the window are not its own.
+func TestTransmitStaysWithinLength(t *testing.T) {
+	a, b := newPair(t, pairOpts{})
+	src := a.mem.reg(t, pdA, 64<<10, 0)
+	dst := b.mem.reg(t, pdB, 64<<10, RemoteWrite)
+	must(t, a.q.PostSend(&SendWR{ID: 1, Op: OpWrite, SGL: []SGE{{LKey: src.STag, Addr: src.Base, Length: 64 << 10}},
+		RemoteSTag: dst.STag, RemoteTO: dst.Base}))
+	var buf [1 << 17]byte
+	for i := range buf {
+		buf[i] = 0xa5
+	}
+	const window = 3000
+	n := a.q.Transmit(buf[:window])
+	if n == 0 || n > window {
+		t.Fatalf("Transmit into a %d-octet window wrote %d", window, n)
+	}
+	for i := window; i < len(buf); i++ {
+		if buf[i] != 0xa5 {
+			t.Fatalf("octet %d past the window overwritten", i)
+		}
+	}
+}

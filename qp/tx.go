@@ -59,10 +59,11 @@ func (q *QP) sqReady() bool {
 	return true
 }
 
-// Transmit fills buf with whole FPDUs (as many as fit in its capacity,
-// from index 0) and returns their length. The owner hands them to the LLP and reports Sent.
+// Transmit fills buf with whole FPDUs (as many as fit in len(buf), from
+// index 0; nothing past len) and returns their length. The owner hands
+// them to the LLP and reports Sent.
 func (q *QP) Transmit(buf []byte) int {
-	out := buf[:0]
+	out := buf[:0:len(buf)]
 	for {
 		var ok bool
 		if q.term != nil {

@@ -201,7 +201,7 @@ func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
 	if !e.ready {
 		return 0
 	}
-	n := e.qp.Transmit(dst[:len(dst):len(dst)]) // Transmit fills to the capacity
+	n := e.qp.Transmit(dst)
 	if n > 0 {
 		// Octets in the TCP send buffer belong to the LLP from here on.
 		e.sent += uint64(n)
