@@ -257,20 +257,25 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 			}
 			g.setOwner(id, to)
 			then(c)
+			g.setMoving(id, false)
 		}
-		g.setMoving(id, false)
 	}); derr != nil {
 		err = derr
 	}
 	if err != nil {
-		// The connection stays where it was, flow and all.
-		_ = p.Do(func(s *tcp.Stack, _ tcp.Time) {
+		// The connection stays where it was, flow and all. Its segments
+		// are dropped (moving) until p has it back: p's Stack without it
+		// would answer them with resets.
+		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
 			if s.Adopt(c) == nil && f != nil {
 				p.flows[id] = f
 			} else if f != nil {
 				p.removeFlow(id, f)
 			}
-		})
+			g.setMoving(id, false)
+		}); derr != nil {
+			g.setMoving(id, false)
+		}
 	}
 	return err
 }
