@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -521,15 +522,8 @@ func TestWireDissectedByWireshark(t *testing.T) {
 		srvErr <- nil
 	}()
 	for i := range ss {
-		var c *net.TCPConn
-		if err := pair.A.Do(func() error {
-			d := net.Dialer{Timeout: 10 * time.Second}
-			nc, err := d.Dial("tcp4", ln.Addr().String())
-			if err == nil {
-				c = nc.(*net.TCPConn)
-			}
-			return err
-		}); err != nil {
+		c, err := pair.A.DialTCP(netip.MustParseAddrPort(ln.Addr().String()), 10*time.Second)
+		if err != nil {
 			t.Fatal(err)
 		}
 		_ = c.SetDeadline(time.Now().Add(60 * time.Second))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/netip"
 	"runtime"
 	"testing"
 	"time"
@@ -181,12 +182,8 @@ func TestPerProcessorCompletions(t *testing.T) {
 func TestEngineCloseTimeout(t *testing.T) {
 	tp := topology.NewTest(t, topology.Options{})
 	a := newXDPSide(t, tp.A, XDPOptions{Mode: bpf.ModeNative, Pollers: 1})
-	var ln net.Listener
-	if err := tp.B.Do(func() error {
-		var err error
-		ln, err = net.Listen("tcp4", net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"))
-		return err
-	}); err != nil {
+	ln, err := tp.B.ListenTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), 4791))
+	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()

@@ -113,10 +113,11 @@ func TestNeighboursFollowKernel(t *testing.T) {
 	}
 }
 
-// linkOf is h's veth interface, read in its namespace.
-func linkOf(t *testing.T, h topology.Host) (ifi *net.Interface) {
+// linkOf is h's veth interface.
+func linkOf(t *testing.T, h topology.Host) *net.Interface {
 	t.Helper()
-	if err := h.Do(func() (err error) { ifi, err = net.InterfaceByName(h.Link); return err }); err != nil {
+	ifi, err := h.Interface()
+	if err != nil {
 		t.Fatal(err)
 	}
 	return ifi

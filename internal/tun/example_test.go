@@ -3,6 +3,7 @@ package tun_test
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/softrnic/softrnic/internal/topology"
@@ -18,13 +19,11 @@ func Example() {
 	}
 	defer tp.Close()
 
-	go tp.Peer.Do(func() error { // a kernel socket in Peer
-		c, err := net.DialTimeout("tcp4", tp.EngineAddr.String()+":7000", 5*time.Second)
-		if err == nil {
+	go func() { // a kernel socket in Peer
+		if c, err := tp.Peer.DialTCP(netip.AddrPortFrom(tp.EngineAddr, 7000), 5*time.Second); err == nil {
 			c.Close()
 		}
-		return err
-	})
+	}()
 
 	buf := make([]byte, 1500) // the MTU
 	tp.Dev.SetReadDeadline(time.Now().Add(5 * time.Second))
