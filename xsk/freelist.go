@@ -15,12 +15,11 @@ import (
 // carry, and panics when the frame is outside the list's range or already
 // free: either is a broken ownership invariant.
 type FreeList struct {
-	stack     []uint64
-	free      []uint64 // bit per frame of the range: set while on the stack
-	frameSize uint64
-	shift     uint   // log2(frameSize): frame numbers without a division
-	first     uint64 // frame number of the range's first frame
-	count     uint64
+	stack []uint64
+	free  []uint64 // bit per frame of the range: set while on the stack
+	shift uint     // log2 of the frame size: frame numbers without a division
+	first uint64   // frame number of the range's first frame
+	count uint64
 }
 
 // NewFreeList returns a list holding frames first to first+count-1 of a UMEM
@@ -30,16 +29,15 @@ func NewFreeList(frameSize, first, count uint32) *FreeList {
 		panic(fmt.Sprintf("xsk: frame size %d is not a power of two", frameSize))
 	}
 	f := &FreeList{
-		stack:     make([]uint64, 0, count),
-		free:      make([]uint64, (count+63)/64),
-		frameSize: uint64(frameSize),
-		shift:     uint(bits.TrailingZeros32(frameSize)),
-		first:     uint64(first),
-		count:     uint64(count),
+		stack: make([]uint64, 0, count),
+		free:  make([]uint64, (count+63)/64),
+		shift: uint(bits.TrailingZeros32(frameSize)),
+		first: uint64(first),
+		count: uint64(count),
 	}
 	// Push in reverse so that Alloc hands out the lowest address first.
 	for i := int64(count) - 1; i >= 0; i-- {
-		f.stack = append(f.stack, (f.first+uint64(i))*f.frameSize)
+		f.stack = append(f.stack, (f.first+uint64(i))<<f.shift)
 		f.free[i/64] |= 1 << (i % 64)
 	}
 	return f
@@ -75,7 +73,7 @@ func (f *FreeList) AllocN(dst []uint64) int {
 
 // Free returns the frame that contains addr to the list.
 func (f *FreeList) Free(addr uint64) {
-	base := addr &^ (f.frameSize - 1)
+	base := addr >> f.shift << f.shift
 	i := addr>>f.shift - f.first // wraps to a huge value below the range
 	if i >= f.count {
 		panic(fmt.Sprintf("xsk: free of address %#x outside frames %d..%d", addr, f.first, f.first+f.count-1))
