@@ -485,6 +485,8 @@ type engineListener struct {
 // Listening is xdpnet's hook: it runs on the loop with the TCP listener.
 func (el *engineListener) Listening(tl *tcp.Listener) { el.tl = tl }
 
+var _ xdpnet.ListenHandler = (*engineListener)(nil)
+
 func (el *engineListener) Receive(c *tcp.Conn, b []byte) int { return len(b) }
 
 func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {

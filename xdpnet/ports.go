@@ -63,10 +63,18 @@ func bpfFlow(id tcp.FourTuple) bpf.Flow {
 	}
 }
 
+// ListenHandler is a Handler that wants the listener Listen makes (to
+// take its accepted connections on the loop).
+type ListenHandler interface {
+	tcp.Handler
+	// Listening is given the listener on the loop, before any SYN is
+	// steered to it.
+	Listening(*tcp.Listener)
+}
+
 // Listen reserves port, listens on it with h as the Handler of the
-// connections it accepts, and steers SYNs to it. A Handler with a method
-// Listening(*tcp.Listener) is given the listener on the loop first. Call it from another
-// goroutine than the loop's.
+// connections it accepts, and steers SYNs to it; a ListenHandler is given
+// the listener first. Call it from another goroutine than the loop's.
 func (p *Poller) Listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 	var l *tcp.Listener
 	var err error
@@ -92,9 +100,7 @@ func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 		unix.Close(fd)
 		return nil, fmt.Errorf("xdpnet: listen on %d: %w", port, err)
 	}
-	// Before any SYN is steered here, a Handler that wants the listener
-	// (to take its accepted connections on the loop) gets it.
-	if w, ok := h.(interface{ Listening(*tcp.Listener) }); ok {
+	if w, ok := h.(ListenHandler); ok {
 		w.Listening(l)
 	}
 	if err := p.steering.AddListen(port); err != nil {
