@@ -380,14 +380,23 @@ const maxProbeRounds = 3
 // last segments, waits out a whole RTO (200 ms at least) when cwnd is
 // full and nothing more is sent to draw SACKs.
 func (c *Conn) armRetransmit(now Time) {
+	if !c.armProbe(now) {
+		c.armRTO(now)
+	}
+}
+
+// armProbe arms the probe timer where it may fire before the RTO (see
+// probeTimeout) and reports whether it did; otherwise the timer is left
+// as it was.
+func (c *Conn) armProbe(now Time) bool {
 	pto, ok := c.probeTimeout()
 	if !ok {
-		c.armRTO(now)
-		return
+		return false
 	}
 	c.rtoKind = timerProbe
 	c.rtoAt = now.Add(pto)
 	c.stack.timerChanged(c)
+	return true
 }
 
 // probeTimeout is the PTO, when the probe timer may fire before the RTO:

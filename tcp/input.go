@@ -484,8 +484,10 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 	}
 	if newSACK && !c.inRecovery && c.rtoAt != 0 && c.rtoKind == timerRTO {
 		// New SACKs under the RTO: the probe timer may come first
-		// and find the hole below them lost (see probeFired).
-		c.armRetransmit(now)
+		// and find the hole below them lost (see probeFired). Where it
+		// may not, the RTO stands: only new data acknowledged restarts
+		// it (RFC 6298 §5.3).
+		c.armProbe(now)
 	}
 	if newSACK && c.inRecovery {
 		c.wantOutput()

@@ -266,3 +266,23 @@ func TestProbeTimerInRecovery(t *testing.T) {
 		t.Fatalf("after %d rounds: RTOs %d at %v", maxProbeRounds, c.Stats.RTOs, time.Duration(at-last))
 	}
 }
+
+// After an RTO the retransmission timer backs off, and only an ACK of new
+// data restarts it (RFC 6298 §5.3): an ACK that only SACKs does not push
+// the backed-off RTO later.
+func TestSACKOnlyACKKeepsTheRTO(t *testing.T) {
+	s, c, pseq, flight, _ := tlpFlight(t, 40000)
+	una := flight[0].seq
+	var at Time
+	for c.Stats.RTOs == 0 {
+		at, _ = fire(t, s)
+	}
+	rto := c.rtoAt
+	if c.rtoKind != timerRTO || c.backoff == 0 {
+		t.Fatalf("after the RTO: timer %v, backoff %d", c.rtoKind, c.backoff)
+	}
+	tlpAck(s, at+Time(time.Millisecond), pseq, una, span{una + 3000, una + 4000})
+	if c.rtoAt != rto {
+		t.Fatalf("a SACK-only ACK moved the RTO by %v", time.Duration(c.rtoAt-rto))
+	}
+}
