@@ -85,6 +85,9 @@ type span struct{ start, end Seq }
 
 func (s span) len() int { return s.end.Sub(s.start) }
 
+// contains reports whether b lies within s.
+func (s span) contains(b span) bool { return s.start.LessEq(b.start) && b.end.LessEq(s.end) }
+
 // maxOOO bounds the out-of-order ranges a receive buffer tracks; a segment
 // that would need more is dropped (the sender retransmits it). A window
 // of 4 MiB holds about 2900 segments: at 1% loss and 1% reordering, 32

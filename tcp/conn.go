@@ -374,6 +374,12 @@ const tlpSlack = 2 * time.Millisecond
 // recovery without progress, before the RTO.
 const maxProbeRounds = 3
 
+// beforeRecoveryPoint: SND.UNA has not passed the recovery point of the
+// last recovery or RTO (RFC 6582's "recover"), whose losses it covers.
+func (c *Conn) beforeRecoveryPoint() bool {
+	return c.recoverValid && c.sndUna.LessThan(c.recoverSeq)
+}
+
 // armRetransmit starts the timer that covers data in flight: the probe
 // timeout when a tail loss probe may follow (RFC 8985 §7.2), else the RTO.
 // Without it a lost ACK for the last data in flight, or a loss among the
@@ -413,7 +419,7 @@ func (c *Conn) probeTimeout() (time.Duration, bool) {
 		if c.probeRounds >= maxProbeRounds {
 			return 0, false
 		}
-	case c.recoverValid && c.sndUna.LessThan(c.recoverSeq):
+	case c.beforeRecoveryPoint():
 		return 0, false // recovering from an RTO
 	case c.tlpValid && c.sb.empty():
 		return 0, false

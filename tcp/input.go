@@ -366,11 +366,11 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			priorHigh = c.sb.highest()
 		}
 		for i := 0; i < seg.Opts.NumSACK; i++ {
-			b := span{Seq(seg.Opts.SACK[i].Start), Seq(seg.Opts.SACK[i].End)}
+			b := sackSpan(seg.Opts.SACK[i])
 			c.Stats.SACKBlocksIn++
 			if i == 0 && b.start.LessThan(b.end) && c.isDSACK(b, ack, &seg.Opts) {
 				c.onDSACK(b)
-				if c.tlpRxt && !b.start.LessThan(c.tlpSpan.start) && b.end.LessEq(c.tlpSpan.end) {
+				if c.tlpRxt && c.tlpSpan.contains(b) {
 					c.tlpRxt = false // the probe was not needed
 				}
 				continue
@@ -406,7 +406,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		// data above it SACKed and no recovery or timeout since it
 		// was sent: it was overtaken, not lost.
 		if c.sackOK && !c.sb.empty() && !c.sndUna.LessThan(c.highRxt) &&
-			!(c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) && ack.LessThan(c.sb.highest()) {
+			!c.beforeRecoveryPoint() && ack.LessThan(c.sb.highest()) {
 			c.sawReordering(c.sb.highest().Sub(ack))
 		}
 		c.sndUna = ack
@@ -516,7 +516,7 @@ func (c *Conn) detectLoss(now Time) {
 			lost = true
 		}
 	}
-	if !lost || (c.recoverValid && c.sndUna.LessThan(c.recoverSeq)) {
+	if !lost || c.beforeRecoveryPoint() {
 		return
 	}
 	c.enterRecovery(now)
@@ -560,6 +560,9 @@ func (c *Conn) noteDuplicate(seg *Segment) {
 	c.dsack, c.dsackValid = span{seg.Seq, end}, true
 }
 
+// sackSpan is a SACK block as a span.
+func sackSpan(b header.SACKBlock) span { return span{Seq(b.Start), Seq(b.End)} }
+
 // isDSACK reports whether the first SACK block b of an ACK reports a
 // duplicate (RFC 2883 §4): below the cumulative ACK, or inside the second
 // block.
@@ -568,8 +571,7 @@ func (c *Conn) isDSACK(b span, ack Seq, o *header.TCPOptions) bool {
 		return true
 	}
 	if o.NumSACK > 1 {
-		s := span{Seq(o.SACK[1].Start), Seq(o.SACK[1].End)}
-		return s.start.LessEq(b.start) && b.end.LessEq(s.end)
+		return sackSpan(o.SACK[1]).contains(b)
 	}
 	return false
 }
@@ -581,7 +583,7 @@ func (c *Conn) isDSACK(b span, ack Seq, o *header.TCPOptions) bool {
 // threshold rises so that reordering as deep does not trigger it again.
 func (c *Conn) onDSACK(b span) {
 	c.Stats.DSACKsIn++
-	if !c.undoValid || b.start.LessThan(c.undoStart) || c.undoEnd.LessThan(b.end) {
+	if !c.undoValid || !(span{c.undoStart, c.undoEnd}).contains(b) {
 		return
 	}
 	c.undoRxt--

@@ -91,23 +91,23 @@ func (c *Conn) sendData(now Time, b []byte) int {
 	if c.retransmitUna {
 		c.retransmitUna = false
 		if n := min(c.snd.end().Sub(c.sndUna), maxPayload); n > 0 || c.finSentNow() {
-			c.highRxt = maxSeq(c.highRxt, c.sndUna.Add(n))
-			c.rxtMark, c.rxtMarkValid = c.sndMax, true
-			c.Stats.Retransmits++
-			c.noteRetransmit(c.sndUna.Add(n))
+			c.retransmitted(c.sndUna.Add(n))
 			fin := c.finQueued && c.sndUna.Add(n) == c.finSeqNum() && c.finSentNow()
 			return c.sendSegment(now, b, c.sndUna, n, fin, &o)
 		}
 	}
+	// The pipe (RFC 6675), once: nothing below changes it before a
+	// segment goes.
+	var pipe int
+	if c.inRecovery {
+		pipe = c.pipe()
+	}
 	// RFC 6675 §5 (NextSeg rule 1): retransmit the first lost hole.
-	if c.inRecovery && c.pipe()+c.mss <= c.win.Cwnd {
+	if c.inRecovery && pipe+c.mss <= c.win.Cwnd {
 		if lost, ok := c.sb.lostBelow(c.mss, c.thresh()); ok {
 			from := maxSeq(c.highRxt, c.sndUna)
 			if h, ok := c.sb.nextHole(from, minSeq(lost, c.sndNxt), maxPayload); ok {
-				c.highRxt = h.end
-				c.rxtMark, c.rxtMarkValid = c.sndMax, true
-				c.Stats.Retransmits++
-				c.noteRetransmit(h.end)
+				c.retransmitted(h.end)
 				return c.sendSegment(now, b, h.start, h.len(), false, &o)
 			}
 		}
@@ -125,7 +125,7 @@ func (c *Conn) sendData(now Time, b []byte) int {
 	var usable int
 	if c.inRecovery {
 		// NextSeg rule 2: new data as the pipe allows.
-		usable = min(c.win.Cwnd-c.pipe(), c.sndUna.Add(c.sndWnd).Sub(c.sndNxt))
+		usable = min(c.win.Cwnd-pipe, c.sndUna.Add(c.sndWnd).Sub(c.sndNxt))
 	} else {
 		usable = c.sndUna.Add(wnd).Sub(c.sndNxt)
 		// RFC 3042 Limited Transmit (RFC 5681 §3.2): on the first two
@@ -253,6 +253,16 @@ func (c *Conn) sendLossProbe(now Time, b []byte, o *header.TCPOptions, maxPayloa
 	c.tlpValid, c.tlpRxt, c.tlpHigh = true, true, c.sndMax
 	c.tlpSpan = span{start, end}
 	return k
+}
+
+// retransmitted books a retransmission of the octets up to end: HighRxt,
+// the mark above which SACKs tell it lost again, the count, and the
+// undo bookkeeping (noteRetransmit).
+func (c *Conn) retransmitted(end Seq) {
+	c.highRxt = maxSeq(c.highRxt, end)
+	c.rxtMark, c.rxtMarkValid = c.sndMax, true
+	c.Stats.Retransmits++
+	c.noteRetransmit(end)
 }
 
 // noteRetransmit counts a retransmission, ending at end, in the current
