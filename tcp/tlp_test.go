@@ -7,6 +7,7 @@ package tcp
 // ACK (TestKernelPeerImpaired/*/loss1 ran at 5 MB/s against 150 for Linux).
 
 import (
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -53,7 +54,7 @@ func tlpFlight(t *testing.T, n int) (s *Stack, c *Conn, pseq Seq, flight []rvSeg
 	return s, c, pseq, flight, now
 }
 
-// ack delivers a pure ACK from the peer with the given SACK blocks.
+// tlpAck delivers a pure ACK from the peer with the given SACK blocks.
 func tlpAck(s *Stack, now Time, pseq, ack Seq, blocks ...span) {
 	var o header.TCPOptions
 	for i, b := range blocks {
@@ -112,32 +113,34 @@ func TestLossProbeAfterLostACK(t *testing.T) {
 // was not needed, and the window stays.
 func TestLossProbeRetransmitsLastSegment(t *testing.T) {
 	for _, dsack := range []bool{false, true} {
-		s, c, pseq, flight, now := tlpFlight(t, 4000)
-		una, end := flight[0].seq, flight[3].seq+1000
-		now += tlpRTT
-		tlpAck(s, now, pseq, una+1000)
-		at, probe := fire(t, s)
-		if d := time.Duration(at - now); d > 5*time.Millisecond {
-			t.Fatalf("probe %v after the last ACK", d)
-		}
-		if len(probe) != 1 || probe[0].seq != end-1000 || probe[0].n != 1000 {
-			t.Fatalf("probe %+v, want the last segment, %d", probe, end-1000)
-		}
-		cwnd := c.win.Cwnd
-		if dsack {
-			tlpAck(s, at+tlpRTT, pseq, end, span{end - 1000, end})
-		} else {
-			tlpAck(s, at+tlpRTT, pseq, end)
-		}
-		if c.tlpValid {
-			t.Fatal("probe still outstanding")
-		}
-		if dsack && (c.Stats.ProbeRepairs != 0 || c.win.Cwnd < cwnd) {
-			t.Fatalf("unneeded probe: repairs %d, cwnd %d (was %d)", c.Stats.ProbeRepairs, c.win.Cwnd, cwnd)
-		}
-		if !dsack && (c.Stats.ProbeRepairs != 1 || c.win.Cwnd >= cwnd) {
-			t.Fatalf("repairing probe: repairs %d, cwnd %d (was %d)", c.Stats.ProbeRepairs, c.win.Cwnd, cwnd)
-		}
+		t.Run(fmt.Sprintf("dsack=%v", dsack), func(t *testing.T) {
+			s, c, pseq, flight, now := tlpFlight(t, 4000)
+			una, end := flight[0].seq, flight[3].seq+1000
+			now += tlpRTT
+			tlpAck(s, now, pseq, una+1000)
+			at, probe := fire(t, s)
+			if d := time.Duration(at - now); d > 5*time.Millisecond {
+				t.Fatalf("probe %v after the last ACK", d)
+			}
+			if len(probe) != 1 || probe[0].seq != end-1000 || probe[0].n != 1000 {
+				t.Fatalf("probe %+v, want the last segment, %d", probe, end-1000)
+			}
+			cwnd := c.win.Cwnd
+			if dsack {
+				tlpAck(s, at+tlpRTT, pseq, end, span{end - 1000, end})
+			} else {
+				tlpAck(s, at+tlpRTT, pseq, end)
+			}
+			if c.tlpValid {
+				t.Fatal("probe still outstanding")
+			}
+			if dsack && (c.Stats.ProbeRepairs != 0 || c.win.Cwnd < cwnd) {
+				t.Fatalf("unneeded probe: repairs %d, cwnd %d (was %d)", c.Stats.ProbeRepairs, c.win.Cwnd, cwnd)
+			}
+			if !dsack && (c.Stats.ProbeRepairs != 1 || c.win.Cwnd >= cwnd) {
+				t.Fatalf("repairing probe: repairs %d, cwnd %d (was %d)", c.Stats.ProbeRepairs, c.win.Cwnd, cwnd)
+			}
+		})
 	}
 }
 
@@ -262,7 +265,7 @@ func TestProbeTimerInRecovery(t *testing.T) {
 	}
 	// Rounds exhausted: the RTO is next.
 	at, _ := fire(t, s)
-	if c.Stats.RTOs != 1 || time.Duration(at-last) < 200*time.Millisecond {
+	if c.Stats.RTOs != 1 || time.Duration(at-last) < s.opts.RTOMin {
 		t.Fatalf("after %d rounds: RTOs %d at %v", maxProbeRounds, c.Stats.RTOs, time.Duration(at-last))
 	}
 }
