@@ -83,13 +83,13 @@ func BenchmarkXDPSendLatency(b *testing.B) {
 	tp := topology.NewTest(b, topology.Options{})
 	a, bb := benchSide(b, tp.A, 0), benchSide(b, tp.B, 1)
 	type end struct {
-		q        *QP
-		scq, rcq *completion.CQ
-		mr       *MR
+		q   *QP
+		rcq *completion.CQ
+		mr  *MR
 	}
 	mk := func(s *xdpSide) *end {
-		q, scq, rcq := s.qp(b, 0, 64)
-		return &end{q, scq, rcq, s.mr(b, 64, qp.LocalWrite, 0)}
+		q, _, rcq := s.qp(b, 0, 64)
+		return &end{q, rcq, s.mr(b, 64, qp.LocalWrite, 0)}
 	}
 	ea, eb := mk(a), mk(bb)
 	recvWR := func(e *end) *qp.RecvWR {

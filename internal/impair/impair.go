@@ -275,8 +275,9 @@ func Parse(s string) (Config, error) {
 			return c, fmt.Errorf("impair: %q: want key=value", kv)
 		}
 		prob := func(dst *float64) error {
-			f, err := strconv.ParseFloat(strings.TrimSuffix(v, "%"), 64)
-			if err == nil && strings.HasSuffix(v, "%") {
+			num, pct := strings.CutSuffix(v, "%")
+			f, err := strconv.ParseFloat(num, 64)
+			if err == nil && pct {
 				f /= 100
 			}
 			// Written so that NaN, which fails every comparison, fails.
