@@ -32,6 +32,7 @@ func (p *Poller) receive() bool {
 	}
 	rx.Release(n)
 	p.stats.RXFrames += uint64(n)
+	p.received.Add(uint64(n))
 	p.refill()
 	return true
 }

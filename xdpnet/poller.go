@@ -254,6 +254,9 @@ type Poller struct {
 	warnedChecksum bool
 	stats          Stats
 	statsShadow    atomic.Pointer[Stats] // published for Stats from other goroutines
+	// received counts the frames taken from the RX ring, for
+	// FramesReceived (one atomic add per batch).
+	received atomic.Uint64
 }
 
 type call struct {
@@ -495,6 +498,10 @@ func (p *Poller) CPU() int {
 	}
 	return p.cfg.CPU
 }
+
+// FramesReceived is the number of frames the loop has taken from its RX
+// ring, read now (Stats publishes them every 100 ms).
+func (p *Poller) FramesReceived() uint64 { return p.received.Load() }
 
 // Steering returns the steering program the Poller uses.
 func (p *Poller) Steering() *bpf.Steering { return p.steering }
