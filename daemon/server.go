@@ -38,6 +38,7 @@ import (
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // Options configure a daemon.
@@ -58,6 +59,10 @@ type Options struct {
 	// CPUs the xdp pollers are pinned to, in turn (default: poller i on
 	// CPU i).
 	CPUs []int
+	// NAPI is where the kernel runs the interface's receive work on the
+	// xdp datapath: "auto" (the default), "adaptive", "threaded",
+	// "softirq" or "keep" (xdpnet.NAPIMode).
+	NAPI string
 	// Impair degrades the xdp datapath's link in both directions, in
 	// process (impair.Parse's syntax): for tests on kernels without
 	// sch_netem.
@@ -107,6 +112,14 @@ func New(opts Options) (*Server, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown XDP mode %q (auto, native or generic)", ErrDatapath, opts.XDPMode)
 	}
+	napi := xdpnet.NAPIAuto
+	if opts.NAPI != "" {
+		m, err := xdpnet.ParseNAPIMode(opts.NAPI)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrDatapath, err)
+		}
+		napi = m
+	}
 	switch opts.Datapath {
 	case "kernel", "xdp":
 	default:
@@ -134,7 +147,7 @@ func New(opts Options) (*Server, error) {
 		itx := imp
 		itx.Seed += 1 << 32
 		dev, err = rnic.OpenXDP(rnic.XDPOptions{Interface: opts.Iface, Addr: addr, Mode: mode, Pollers: opts.Pollers, Pin: true, CPUs: opts.CPUs,
-			ImpairRX: imp, ImpairTX: itx, Warn: func(msg string) { opts.Logger.Warn(msg) }})
+			NAPI: napi, ImpairRX: imp, ImpairTX: itx, Warn: func(msg string) { opts.Logger.Warn(msg) }})
 		if err != nil {
 			return nil, fmt.Errorf("%w: xdp: %v", ErrDatapath, err)
 		}

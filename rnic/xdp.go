@@ -52,12 +52,16 @@ type XDPOptions struct {
 	// Spin is how long a poller keeps polling after its last work
 	// (xdpnet's default when 0).
 	Spin time.Duration
+	// NAPI says where the kernel runs the interface's receive work
+	// (xdpnet.NAPIMode; the zero value is xdpnet.NAPIAuto).
+	NAPI xdpnet.NAPIMode
 }
 
 // xdpPath is the accelerated datapath of a device.
 type xdpPath struct {
 	steering *bpf.Steering
 	pollers  []*xdpnet.Poller
+	napi     *xdpnet.NAPIControl
 	cancel   context.CancelFunc
 	runs     sync.WaitGroup
 	addr     netip.Addr
@@ -85,7 +89,8 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	// The interface checks (address, MTU, native XDP limits) come first,
 	// with the messages xdpnet gives; then the program is attached once
 	// and shared.
-	if _, err := xdpnet.Check(xdpnet.Config{Interface: o.Interface, Addr: o.Addr, Mode: o.Mode, TCP: o.TCP}); err != nil {
+	ifi, err := xdpnet.Check(xdpnet.Config{Interface: o.Interface, Addr: o.Addr, Mode: o.Mode, TCP: o.TCP})
+	if err != nil {
 		return nil, err
 	}
 	x.steering, err = bpf.Attach(bpf.Options{Interface: o.Interface, Mode: o.Mode})
@@ -108,6 +113,17 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 			return nil, err
 		}
 		x.pollers = append(x.pollers, p)
+	}
+	// After the program is attached: veth has no NAPI to thread before.
+	x.napi, err = xdpnet.StartNAPI(o.Interface, ifi.Index, o.NAPI, x.framesReceived)
+	if errors.Is(err, xdpnet.ErrNAPI) && o.NAPI == xdpnet.NAPIAuto {
+		if o.Warn != nil {
+			o.Warn(fmt.Sprintf("NAPI threading left as it is: %v", err))
+		}
+		x.napi, err = xdpnet.StartNAPI(o.Interface, ifi.Index, xdpnet.NAPIKeep, nil)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("rnic: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	x.cancel = cancel
@@ -132,12 +148,35 @@ func (x *xdpPath) close() {
 		x.cancel()
 		x.runs.Wait()
 	}
+	// The NAPI setting goes back while the program still holds veth's
+	// NAPI instances.
+	if x.napi != nil {
+		_ = x.napi.Close()
+	}
 	for _, p := range x.pollers {
 		_ = p.Close()
 	}
 	if x.steering != nil {
 		_ = x.steering.Close()
 	}
+}
+
+// framesReceived is what the pollers have taken from their RX rings.
+func (x *xdpPath) framesReceived() uint64 {
+	var n uint64
+	for _, p := range x.pollers {
+		n += p.FramesReceived()
+	}
+	return n
+}
+
+// NAPI is the accelerated datapath's NAPI setting, nil on the kernel
+// datapath.
+func (d *Device) NAPI() *xdpnet.NAPIControl {
+	if d.xdp == nil {
+		return nil
+	}
+	return d.xdp.napi
 }
 
 // poller is the poller of a completion vector.

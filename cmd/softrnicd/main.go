@@ -1,7 +1,7 @@
 // Command softrnicd is the softrnic daemon: it owns the software RNIC of one
 // network interface and serves applications on a Unix socket.
 //
-//	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]
+//	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--napi MODE] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]
 package main
 
 import (
@@ -26,10 +26,11 @@ func main() {
 	cpus := flag.String("cpus", "", "CPUs the xdp pollers are pinned to, in turn, as a comma-separated list (default: poller i on CPU i)")
 	imp := flag.String("impair", "", "test facility: degrade the xdp datapath's link both ways in process, e.g. loss=0.5%,reorder=0.5%,seed=1 (keys: loss duplicate reorder delay jitter seed)")
 	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
+	napi := flag.String("napi", "auto", "where the kernel runs the interface's receive work on the xdp datapath: auto (adaptive on veth, keep elsewhere), adaptive (threaded NAPI while a stream arrives), threaded, softirq or keep")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	flag.Parse()
 	if *iface == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]")
+		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--napi MODE] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]")
 		os.Exit(2)
 	}
 	var lv slog.Level
@@ -49,7 +50,7 @@ func main() {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, CPUs: cpuList, Impair: *imp, Logger: log})
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, NAPI: *napi, CPUs: cpuList, Impair: *imp, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)
