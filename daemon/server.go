@@ -94,6 +94,10 @@ type Server struct {
 	nextSess uint32
 	closed   bool
 	loops    sync.WaitGroup
+	// stopped is closed when Close has finished, for Serve to return
+	// only then: a daemon whose main returns with Serve must not exit
+	// before its connections are closed and its device released.
+	stopped chan struct{}
 }
 
 // New checks the options, opens the device and listens on the control
@@ -163,7 +167,7 @@ func New(opts Options) (*Server, error) {
 		dev.Close()
 		return nil, err
 	}
-	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}}
+	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
 	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
 	return s, nil
 }
@@ -234,7 +238,7 @@ func listenControl(path string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
-// Serve accepts sessions until Close.
+// Serve accepts sessions until Close, and returns once Close has finished.
 func (s *Server) Serve() error {
 	for {
 		c, err := s.ln.AcceptUnix()
@@ -243,6 +247,7 @@ func (s *Server) Serve() error {
 			closed := s.closed
 			s.mu.Unlock()
 			if closed {
+				<-s.stopped
 				return nil
 			}
 			s.log.Warn("accept", "err", err)
@@ -259,6 +264,7 @@ func (s *Server) Serve() error {
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
+			<-s.stopped
 			return nil
 		}
 		s.nextSess++
@@ -324,6 +330,7 @@ func (s *Server) Close() error {
 	s.loops.Wait()
 	s.dev.Close()
 	s.log.Info("softrnicd stopped")
+	close(s.stopped)
 	return err
 }
 

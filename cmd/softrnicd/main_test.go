@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -65,8 +66,9 @@ func TestBadFlagsAndInterface(t *testing.T) {
 func TestSIGTERMClosesGracefully(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "d.sock")
-	cmd := run(t, "--iface lo --log-level warn --socket "+sock)
-	cmd.Stderr = os.Stderr
+	cmd := run(t, "--iface lo --log-level info --socket "+sock)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
 	must(t, cmd.Start())
 	defer cmd.Process.Kill()
 	for i := 0; ; i++ {
@@ -127,7 +129,13 @@ func TestSIGTERMClosesGracefully(t *testing.T) {
 		t.Fatalf("peer after SIGTERM: %v %v", ev.Conn, err)
 	}
 	if err := cmd.Wait(); err != nil {
-		t.Fatalf("daemon exit: %v", err)
+		t.Fatalf("daemon exit: %v: %s", err, stderr.Bytes())
+	}
+	// The process exits only after Close has finished: sessions ended,
+	// the device closed (on the xdp datapath: the interface's NAPI
+	// setting restored, the program detached).
+	if !bytes.Contains(stderr.Bytes(), []byte("softrnicd stopped")) {
+		t.Errorf("the daemon exited before its Close finished; it said:\n%s", stderr.Bytes())
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Fatalf("socket after SIGTERM: %v", err)
