@@ -474,8 +474,8 @@ func table(r *Results) {
 	fmt.Printf("xdp 8 B Write RTT / TCP 1-byte ping-pong:    %.2fx (target <= 0.5x): %s\n", l, verdict(l <= 0.5))
 	d := x.Write[i64k].Gbps / k.Write[i64k].Gbps
 	fmt.Printf("xdp / kernel datapath, Write 64 KiB:         %.2fx (target >= 1.5x): %s\n", d, verdict(d >= 1.5))
-	fmt.Println("(veth has copy-mode AF_XDP only; what bare AF_XDP moves on this link, with no protocol at all:")
-	fmt.Println(" go test -run '^$' -bench 'XSKRx/native/xsk/1472' ./xsk)")
+	fmt.Println("(veth has copy-mode AF_XDP only; what bare AF_XDP does on this link, with no protocol and no")
+	fmt.Println(" application, two busy-polling threads: go test -run '^$' -bench 'XSKRx/native/xsk/1472|XSKPingPong' ./xsk)")
 }
 
 func tableOf(r *Results, dp string) {
