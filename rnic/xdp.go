@@ -170,15 +170,6 @@ func (x *xdpPath) framesReceived() uint64 {
 	return n
 }
 
-// NAPI is the accelerated datapath's NAPI setting, nil on the kernel
-// datapath.
-func (d *Device) NAPI() *xdpnet.NAPIControl {
-	if d.xdp == nil {
-		return nil
-	}
-	return d.xdp.napi
-}
-
 // poller is the poller of a completion vector.
 func (x *xdpPath) poller(vector int) *xdpnet.Poller {
 	return x.pollers[vector%len(x.pollers)]

@@ -122,8 +122,13 @@ func StartNAPI(ifname string, ifindex int, mode NAPIMode, frames func() uint64) 
 		}
 	}
 	c := &NAPIControl{mode: mode, frames: frames}
-	if mode == NAPIKeep {
+	switch {
+	case mode == NAPIKeep:
 		return c, nil
+	case mode == NAPIAdaptive && frames == nil:
+		return nil, errors.New("xdpnet: adaptive NAPI needs a frame counter")
+	case mode < NAPIAuto || mode > NAPIKeep:
+		return nil, fmt.Errorf("xdpnet: %v", mode)
 	}
 	var err error
 	c.file, err = openThreaded(ifname, ifindex)

@@ -169,6 +169,12 @@ func TestNAPIControl(t *testing.T) {
 		t.Errorf("control says threaded %v after %d switches, want false after 2", th, sw)
 	}
 
+	// Adaptive without a counter, or an unknown mode, is refused.
+	for _, m := range []NAPIMode{NAPIAdaptive, NAPIKeep + 1} {
+		if _, err := StartNAPI(tp.B.Link, ifi.Index, m, nil); err == nil {
+			t.Errorf("StartNAPI(%v) without a counter: no error", m)
+		}
+	}
 	// A wrong index is refused, not applied to whatever has the name.
 	if err := tp.B.Do(func() error {
 		_, err := StartNAPI(tp.B.Link, ifi.Index+1000, NAPIThreaded, nil)
