@@ -10,4 +10,5 @@ bash hack/deps.sh test >/dev/null
 bin=$(mktemp -d /tmp/softrnic-bench.XXXXXX)
 trap 'rm -rf "$bin"' EXIT
 go build -o "$bin/" ./cmd/softrnicd ./cmd/softrnic-perf ./cmd/softrnic-bench
+go test -c -o "$bin/xsk.test" ./xsk # bare AF_XDP, the ceiling the xdp figures are read against
 "$bin/softrnic-bench" --bin "$bin" --out bench --mtu "${MTU:-1500}" --crc="${CRC:-true}" --seconds "${SECONDS_PER_POINT:-1}"

@@ -96,6 +96,20 @@ type Results struct {
 	// on a second veth pair with TX checksum offload, TSO and GSO on.
 	KernelTCPOffloads64K float64            `json:"kernel_tcp_offloads_on_64KiB_gbps"`
 	Datapaths            map[string]Softrnc `json:"softrnic"`
+	// Bare is what copy-mode AF_XDP alone does on a veth pair like
+	// this one, with no protocol: the ceiling the xdp datapath's
+	// figures are read against. Nil when it could not be measured.
+	Bare *Bare `json:"bare_af_xdp,omitempty"`
+}
+
+// Bare holds the xsk package's benchmarks of bare AF_XDP (MTU 1500):
+// BenchmarkXSKRx's payload rate of 1472-octet datagrams between two
+// copy-mode sockets, with softirq and with threaded NAPI, and
+// BenchmarkXSKPingPong's median round trip of 64 octets.
+type Bare struct {
+	Gbps         float64 `json:"gbps_1472B"`
+	GbpsThreaded float64 `json:"gbps_1472B_threaded_napi"`
+	PingPong     float64 `json:"pingpong_64B_median_us"`
 }
 
 // Softrnc holds one datapath's figures.
@@ -163,6 +177,10 @@ func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
 		k.WriteLat.Ratio = k.WriteLat.Median / res.KernelTCPLat.Median
 		k.ReadLat.Ratio = k.ReadLat.Median / res.KernelTCPLat.Median
 		res.Datapaths[dp] = k
+	}
+
+	if res.Bare, err = bare(bin); err != nil {
+		fmt.Println("   bare AF_XDP:", err)
 	}
 
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
@@ -474,8 +492,56 @@ func table(r *Results) {
 	fmt.Printf("xdp 8 B Write RTT / TCP 1-byte ping-pong:    %.2fx (target <= 0.5x): %s\n", l, verdict(l <= 0.5))
 	d := x.Write[i64k].Gbps / k.Write[i64k].Gbps
 	fmt.Printf("xdp / kernel datapath, Write 64 KiB:         %.2fx (target >= 1.5x): %s\n", d, verdict(d >= 1.5))
-	fmt.Println("(veth has copy-mode AF_XDP only; what bare AF_XDP does on this link, with no protocol and no")
-	fmt.Println(" application, two busy-polling threads: go test -run '^$' -bench 'XSKRx/native/xsk/1472|XSKPingPong' ./xsk)")
+	if b := r.Bare; b != nil {
+		fmt.Printf("bare copy-mode AF_XDP on such a veth pair, no protocol, one busy-polling thread per end (MTU 1500):\n")
+		fmt.Printf("   %.2f Gb/s of 1472-octet payload, %.2f with threaded NAPI; 64-octet ping-pong median %.1f µs\n",
+			b.Gbps, b.GbpsThreaded, b.PingPong)
+		fmt.Printf("   xdp Write 64 KiB / bare with threaded NAPI: %.2fx; 2x kernel TCP would be %.2fx of it\n",
+			x.Write[i64k].Gbps/b.GbpsThreaded, 2*r.KernelTCP[i64k].Gbps/b.GbpsThreaded)
+		fmt.Printf("   bare ping-pong / TCP ping-pong: %.2fx, with no application and no RNIC on either end\n",
+			b.PingPong/r.KernelTCPLat.Median)
+	}
+}
+
+// bare runs the xsk package's bare AF_XDP benchmarks from the test binary
+// bench.sh builds into bin (xsk.test) and reads their metrics.
+func bare(bin string) (*Bare, error) {
+	test := filepath.Join(bin, "xsk.test")
+	if _, err := os.Stat(test); err != nil {
+		return nil, err
+	}
+	fmt.Println("== bare copy-mode AF_XDP (the xsk package's benchmarks)")
+	out, err := exec.Command(test, "-test.run", "^$", "-test.bench", "^BenchmarkXSKRx$/^native$/^xsk$/^1472$|^BenchmarkXSKPingPong$",
+		"-test.benchtime", "1000000x").CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %v\n%s", test, err, out)
+	}
+	var b Bare
+	metric := func(line, unit string) float64 {
+		f := strings.Fields(line)
+		for i := 1; i < len(f); i++ {
+			if f[i] == unit {
+				v, _ := strconv.ParseFloat(f[i-1], 64)
+				return v
+			}
+		}
+		return 0
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		switch {
+		case strings.HasPrefix(line, "BenchmarkXSKRx/native/xsk/1472/threaded"):
+			b.GbpsThreaded = metric(line, "payload-Gb/s")
+		case strings.HasPrefix(line, "BenchmarkXSKRx/native/xsk/1472"):
+			b.Gbps = metric(line, "payload-Gb/s")
+		case strings.HasPrefix(line, "BenchmarkXSKPingPong"):
+			b.PingPong = metric(line, "median-µs")
+		}
+	}
+	if b.Gbps == 0 || b.GbpsThreaded == 0 || b.PingPong == 0 {
+		return nil, fmt.Errorf("metrics missing from:\n%s", out)
+	}
+	fmt.Printf("   %.2f Gb/s, %.2f Gb/s with threaded NAPI; ping-pong median %.1f µs\n", b.Gbps, b.GbpsThreaded, b.PingPong)
+	return &b, nil
 }
 
 func tableOf(r *Results, dp string) {
