@@ -24,7 +24,7 @@ import (
 // kernel thread the scheduler can put on the other CPU instead: measured
 // on two cores and MTU 1500, a 64 KiB RDMA Write stream went from 3.8 to
 // 5.1 Gbit/s, and the ceiling of bare copy-mode AF_XDP (BenchmarkXSKRx in
-// package xsk) from 3.8 to 9.4. But waking that thread for each frame of
+// package xsk) from 3.8 to 7-9.4. But waking that thread for each frame of
 // a sparse exchange tripled the 8-byte Write round trip (21 µs to 67 µs).
 // NAPIAdaptive therefore turns threading on only while the interface
 // receives a stream and off again when it stops, as a NIC's adaptive
@@ -73,14 +73,17 @@ func ParseNAPIMode(s string) (NAPIMode, error) {
 // interface turns threaded after napiOnSamples samples in a row at or
 // above napiOnRate, and back after napiOffSamples in a row below
 // napiOffRate. An 8-byte ping-pong receives some 50,000 frames a second
-// per host, a 64 KiB Write stream over 300,000 (data on one side, ACKs
-// on the other).
+// per host (15,000 while threaded), a 64 KiB Write stream over 300,000
+// (data on one side, ACKs on the other). Going back is quick because the
+// exchange that suffers from threading is short: make bench's 3000-round
+// write_lat, started right after a stream, ran entirely within a 200 ms
+// wait and measured 76 µs instead of 21.
 const (
 	napiSample     = 20 * time.Millisecond
 	napiOnRate     = 150_000
 	napiOffRate    = 100_000
 	napiOnSamples  = 3
-	napiOffSamples = 10
+	napiOffSamples = 2
 )
 
 // ErrNAPI: the interface's NAPI threading cannot be read or set here.
