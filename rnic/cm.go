@@ -105,13 +105,12 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 		conn.Close()
 		return nil, fmt.Errorf("connect %s: %w", raddr, err)
 	}
-	if err := q.start(conn, p, true); err != nil {
+	pd := clone(p.PeerPrivateData)
+	if err := q.start(conn, p, true, ConnEvent{Kind: Established, PrivateData: pd}); err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("connect %s: %w", raddr, err)
 	}
 	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
-	pd := clone(p.PeerPrivateData)
-	q.post(ConnEvent{Kind: Established, PrivateData: pd})
 	return pd, nil
 }
 
@@ -390,11 +389,10 @@ func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 		return fmt.Errorf("accept: send MPA Reply: %w", err)
 	}
 	_ = cr.conn.SetDeadline(time.Time{})
-	if err := q.start(cr.conn, p, false); err != nil {
+	if err := q.start(cr.conn, p, false, ConnEvent{Kind: Established, PrivateData: cr.PrivateData}); err != nil {
 		cr.conn.Close()
 		return fmt.Errorf("accept: %w", err)
 	}
-	q.post(ConnEvent{Kind: Established, PrivateData: cr.PrivateData})
 	return nil
 }
 

@@ -318,7 +318,7 @@ func (q *QP) mpaConfig(private []byte) mpa.Config {
 }
 
 // start moves the engine to RTS on conn and runs the loops.
-func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool) error {
+func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool, established ConnEvent) error {
 	emss, err := effectiveMSS(conn)
 	if err != nil {
 		return err
@@ -331,6 +331,11 @@ func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool) error {
 	q.conn = conn
 	q.rxDone = make(chan struct{})
 	q.mu.Unlock()
+	// Established goes out before the loops exist: once they run, a
+	// reset that arrives at once makes the receive loop post Broken,
+	// which must come after it (seen: a responder whose initiator
+	// aborted right after connecting got Broken, then Established).
+	q.post(established)
 	q.loops.Add(2)
 	go q.rxLoop()
 	go q.txLoop()
