@@ -330,13 +330,15 @@ func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool, established 
 	}
 	q.conn = conn
 	q.rxDone = make(chan struct{})
-	q.mu.Unlock()
-	// Established goes out before the loops exist: once they run, a
-	// reset that arrives at once makes the receive loop post Broken,
-	// which must come after it (seen: a responder whose initiator
-	// aborted right after connecting got Broken, then Established).
-	q.post(established)
+	// Counted before Established goes out: a consumer may Destroy the
+	// QP as soon as it has the event, and Destroy waits for the loops.
 	q.loops.Add(2)
+	q.mu.Unlock()
+	// Established goes out before the loops run: once they do, a reset
+	// that arrives at once makes the receive loop post Broken, which
+	// must come after it (seen: a responder whose initiator aborted
+	// right after connecting got Broken, then Established).
+	q.post(established)
 	go q.rxLoop()
 	go q.txLoop()
 	q.wake()
