@@ -168,9 +168,12 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 		if err != nil {
 			return nil, fail(ctl.InsufficientResources, "%v", err)
 		}
+		// On the xdp datapath BeforeReceive runs on the QP's poller.
+		polled := s.srv.dev.Pollers() != nil
 		q, err := s.srv.dev.CreateQP(p.pd, rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
 			SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
-			OnEvent: func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) }})
+			OnEvent:       func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) },
+			BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }})
 		if err != nil {
 			mem.Close()
 			return nil, fail(ctl.InvalidParameter, "%v", err)

@@ -382,6 +382,37 @@ func (s *session) takeRQ(e *ep, report bool) (progress, left bool) {
 	return progress, false
 }
 
+// takeQueuedRecvs is the QP's BeforeReceive: the receives the client has
+// put in the EP's ring go into the engine before it takes what arrived.
+// A PostRecv returns once its entry is in the ring, and the session or
+// poller takes it later; a Send that the peer made because of something
+// that followed the PostRecv (a message on another EP, another process)
+// could otherwise arrive first, find no buffer and end the connection
+// with a Terminate. The entry was in the ring before the Send was made,
+// so before it arrived: taking the ring here closes that window. It runs
+// with no lock held, on the QP's receive loop or, polled (the xdp
+// datapath), on its poller, which only tries the ring lock: a failure
+// means the session is draining, receives first. What the engine refuses
+// stays in the ring for the session, which is woken to report it.
+func (s *session) takeQueuedRecvs(e *ep, polled bool) {
+	if e.rq.Produced() == e.rq.Consumed() {
+		return
+	}
+	if polled {
+		if !e.ringMu.TryLock() {
+			return
+		}
+	} else {
+		e.ringMu.Lock()
+	}
+	_, left := s.takeRQ(e, false)
+	e.ringMu.Unlock()
+	if left {
+		e.handOff.Store(true)
+		s.kick()
+	}
+}
+
 func postStatus(err error) completion.Status {
 	switch {
 	case errors.Is(err, qp.ErrProtection):

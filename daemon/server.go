@@ -13,7 +13,9 @@
 // requests on the CQ's CPU and the client's doorbell for them is the
 // poller's; and that poller forwards a DTO EVD's completions (evdSource).
 // Connection setup runs in short-lived goroutines whose results, like the
-// engine's connection events, are queued for the session's poller. An
+// engine's connection events, are queued for the session's poller. The
+// QP's receive loop (or its poller) also takes the client's queued
+// receives before the engine reads what arrived (takeQueuedRecvs). An
 // EP's ringMu makes its rings' consumers one, an EVD's its ring's
 // producers. Lock order: session.mu, then an EP's ringMu, then an EVD's
 // ringMu or any QP's.

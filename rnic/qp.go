@@ -41,6 +41,14 @@ type QPAttr struct {
 	// Events channel. It runs with the QP locked: it must not block or
 	// call back into the QP.
 	OnEvent func(ConnEvent)
+	// BeforeReceive, if set, runs before the engine takes what arrived
+	// from the peer, with the QP unlocked: a consumer that queues
+	// receives elsewhere before posting them (the daemon: the client's
+	// ring) posts them there, so that a Send the peer made after such a
+	// receive was queued finds it posted instead of ending the
+	// connection with "no buffer". On the accelerated datapath it runs
+	// on the QP's poller and must not block.
+	BeforeReceive func()
 }
 
 // Timeouts of connection management.
@@ -369,6 +377,9 @@ func (q *QP) rxLoop() {
 		n, err := q.conn.Read(buf)
 		if n > 0 {
 			q.heard.Store(true)
+			if q.attr.BeforeReceive != nil {
+				q.attr.BeforeReceive()
+			}
 			q.mu.Lock()
 			q.eng.Receive(buf[:n])
 			q.mu.Unlock()

@@ -291,6 +291,9 @@ func (ec *engineConn) Receive(c *tcp.Conn, b []byte) int {
 		return len(b)
 	}
 	ec.conn = c
+	if ec.q != nil && ec.q.attr.BeforeReceive != nil {
+		ec.q.attr.BeforeReceive()
+	}
 	ec.lock()
 	ec.noteCPU()
 	// Heard: octets after MPA startup (the Reply does not count; see
@@ -313,6 +316,9 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 		return 0
 	}
 	ec.conn = c
+	if ec.q != nil && ec.q.attr.BeforeReceive != nil {
+		ec.q.attr.BeforeReceive()
+	}
 	ec.lock()
 	ec.noteCPU()
 	n := ec.llp.Fill(c, dst)
