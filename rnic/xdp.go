@@ -316,9 +316,6 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 		return 0
 	}
 	ec.conn = c
-	if ec.q != nil && ec.q.attr.BeforeReceive != nil {
-		ec.q.attr.BeforeReceive()
-	}
 	ec.lock()
 	ec.noteCPU()
 	n := ec.llp.Fill(c, dst)
