@@ -31,7 +31,6 @@ func (p *Poller) receive() bool {
 		p.rxFree.Free(d.Addr)
 	}
 	rx.Release(n)
-	p.stats.RXFrames += uint64(n)
 	p.received.Add(uint64(n))
 	p.refill()
 	return true

@@ -254,8 +254,8 @@ type Poller struct {
 	warnedChecksum bool
 	stats          Stats
 	statsShadow    atomic.Pointer[Stats] // published for Stats from other goroutines
-	// received counts the frames taken from the RX ring, for
-	// FramesReceived (one atomic add per batch).
+	// received counts the frames taken from the RX ring (one atomic add
+	// per batch): Stats.RXFrames when published, FramesReceived live.
 	received atomic.Uint64
 }
 
@@ -827,6 +827,7 @@ func (p *Poller) Stats() Stats {
 
 func (p *Poller) publishStats() {
 	st := p.stats
+	st.RXFrames = p.received.Load()
 	st.Stack = p.stack.Stats
 	st.BadTCPChecksum = p.stack.Stats.BadChecksum
 	st.Flows, st.Listens = len(p.flows), len(p.listens)
