@@ -3,13 +3,11 @@ package systest
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
-	"github.com/softrnic/softrnic/internal/topology"
 )
 
 // The xdp datapath's side of client's TestRecvPostedBeforeThePeersSend:
@@ -22,12 +20,7 @@ import (
 // xdp datapath to the guarantee, which the kernel datapath's test caught
 // being broken.
 func TestXDPRecvPostedBeforeThePeersSend(t *testing.T) {
-	net := topology.NewTest(t, topology.Options{})
-	dir := t.TempDir()
-	build(t, dir)
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
-	startDaemon(t, dir, net.B, sockB, "--datapath", "xdp")
+	net, _, sockA, sockB, _ := twoXDPDaemons(t)
 
 	type app struct {
 		ia                  *client.IA

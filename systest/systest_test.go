@@ -348,12 +348,7 @@ func TestXDPDaemonKilled(t *testing.T) {
 // interface runs its NAPI in a kernel thread; once the stream has stopped it goes back to softirq, and a
 // daemon stopped by SIGTERM leaves the setting as it found it.
 func TestXDPAdaptiveNAPI(t *testing.T) {
-	net := topology.NewTest(t, topology.Options{})
-	dir := t.TempDir()
-	build(t, dir)
-	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
-	db := startDaemon(t, dir, net.B, sockB, "--datapath", "xdp")
+	net, dir, sockA, sockB, db := twoXDPDaemons(t)
 	threaded := func() string {
 		out, err := net.B.Command("cat", "/sys/class/net/"+net.B.Link+"/threaded").CombinedOutput()
 		if err != nil {
@@ -410,4 +405,18 @@ func TestXDPAdaptiveNAPI(t *testing.T) {
 	if got := threaded(); got != "0" {
 		t.Errorf("after SIGTERM B's NAPI threaded is %q, want the 0 it had at start", got)
 	}
+}
+
+// twoXDPDaemons builds the commands into a new directory and starts an xdp
+// softrnicd on each host of a new pair; it returns the pair, the
+// directory, the daemons' sockets and B's daemon.
+func twoXDPDaemons(t *testing.T) (net *topology.Pair, dir, sockA, sockB string, db *exec.Cmd) {
+	t.Helper()
+	net = topology.NewTest(t, topology.Options{})
+	dir = t.TempDir()
+	build(t, dir)
+	sockA, sockB = filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
+	db = startDaemon(t, dir, net.B, sockB, "--datapath", "xdp")
+	return net, dir, sockA, sockB, db
 }
