@@ -2,7 +2,6 @@ package xsk
 
 import (
 	"bytes"
-	"net"
 	"runtime"
 	"slices"
 	"testing"
@@ -47,10 +46,7 @@ func BenchmarkXSKPingPong(b *testing.B) {
 	}); err != nil {
 		b.Fatal(err)
 	}
-	if out, err := v.p.A.Command("ip", "neigh", "replace", v.p.B.Addr.Addr().String(),
-		"lladdr", net.HardwareAddr(v.macB[:]).String(), "dev", v.p.A.Link, "nud", "permanent").CombinedOutput(); err != nil {
-		b.Fatalf("ip neigh: %v: %s", err, out)
-	}
+	staticNeighbour(b, v.p.A, v.p.B.Addr.Addr(), v.macB)
 	opts := SocketOptions{RXSize: 256, TXSize: 256, FillSize: 256, CompletionSize: 256}
 	uA, uB := newTestUMEM(b, 512), newTestUMEM(b, 512)
 	optsA := opts
@@ -59,17 +55,7 @@ func BenchmarkXSKPingPong(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var sB *Socket
-	if err := v.p.B.Do(func() error {
-		o := opts
-		o.Ifindex = ifiB.Index
-		var err error
-		sB, err = NewSocket(uB, o)
-		return err
-	}); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { sB.Close() })
+	sB := v.socketB(b, uB, opts)
 	if err := mB.Put(uint32(0), uint32(sB.FD())); err != nil {
 		b.Fatal(err)
 	}

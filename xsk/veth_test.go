@@ -110,12 +110,36 @@ func newVethXSK(t testing.TB, opts topology.Options, mode link.XDPAttachFlags) (
 	v.macB = [6]byte(ifiB.HardwareAddr)
 	// Every frame of queue 0 goes to the socket, ARP replies included, so
 	// B learns A's address statically.
-	mac := net.HardwareAddr(v.macA[:]).String()
-	if out, err := p.B.Command("ip", "neigh", "replace", p.A.Addr.Addr().String(),
-		"lladdr", mac, "dev", p.B.Link, "nud", "permanent").CombinedOutput(); err != nil {
+	staticNeighbour(t, p.B, p.A.Addr.Addr(), v.macA)
+	return v, nil
+}
+
+// staticNeighbour makes h reach addr at mac without ARP.
+func staticNeighbour(t testing.TB, h topology.Host, addr netip.Addr, mac [6]byte) {
+	t.Helper()
+	if out, err := h.Command("ip", "neigh", "replace", addr.String(),
+		"lladdr", net.HardwareAddr(mac[:]).String(), "dev", h.Link, "nud", "permanent").CombinedOutput(); err != nil {
 		t.Fatalf("ip neigh: %v: %s", err, out)
 	}
-	return v, nil
+}
+
+// socketB makes a socket on B's end, closed when the test ends.
+func (v *vethXSK) socketB(t testing.TB, u *UMEM, opts SocketOptions) *Socket {
+	t.Helper()
+	var s *Socket
+	if err := v.p.B.Do(func() error {
+		ifi, err := net.InterfaceByName(v.p.B.Link)
+		if err != nil {
+			return err
+		}
+		opts.Ifindex = ifi.Index
+		s, err = NewSocket(u, opts)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }
 
 // socket makes a socket inside A, puts it into the XSKMAP at its queue when
@@ -891,18 +915,7 @@ func sendmmsg(fd int, payload []byte, n int, deadline time.Time) int {
 func (v *vethXSK) xskSender(t testing.TB, payload []byte) func(n int, deadline time.Time) int {
 	t.Helper()
 	u := newTestUMEM(t, 4096)
-	var s *Socket
-	if err := v.p.B.Do(func() error {
-		ifi, err := net.InterfaceByName(v.p.B.Link)
-		if err != nil {
-			return err
-		}
-		s, err = NewSocket(u, SocketOptions{Ifindex: ifi.Index, RXSize: 64, TXSize: 2048, FillSize: 64, CompletionSize: 2048})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { s.Close() })
+	s := v.socketB(t, u, SocketOptions{RXSize: 64, TXSize: 2048, FillSize: 64, CompletionSize: 2048})
 	var l int
 	for f := uint32(0); f < u.FrameCount(); f++ {
 		l = buildUDP(u.Frame(uint64(f)*uint64(u.FrameSize())), v.macB, v.macA, v.p.B.Addr.Addr(), v.p.A.Addr.Addr(),
