@@ -12,6 +12,8 @@ type Conn struct {
 	state State
 	h     Handler
 	err   error
+	// events wait for the Handler (see events.go).
+	events []Event
 	// listener is the Listener a passive connection belongs to until
 	// Accept takes it.
 	listener *Listener
@@ -276,9 +278,7 @@ func (c *Conn) terminate(err error) {
 	}
 	c.rtoAt, c.delackAt, c.keepAt, c.twAt = 0, 0, 0, 0
 	c.stack.release(c)
-	if c.h != nil {
-		c.h.Event(c, EventClosed)
-	}
+	c.event(EventClosed)
 }
 
 // thresh is the duplicate threshold: DupThresh, or more after reordering.

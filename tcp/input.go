@@ -326,9 +326,7 @@ func (c *Conn) established(now Time, seg *Segment, ackScaled bool) {
 			return
 		}
 	}
-	if c.h != nil {
-		c.h.Event(c, EventEstablished)
-	}
+	c.event(EventEstablished)
 }
 
 // processAck handles the acknowledgment, window and SACK fields of an
@@ -469,7 +467,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		}
 		if c.writeShort && c.snd.free() > 0 && c.h != nil {
 			c.writeShort = false
-			c.h.Event(c, EventWritable)
+			c.event(EventWritable)
 		}
 		c.wantOutput()
 	} else if acked == 0 && c.flight() > 0 && ((c.sackOK && newSACK) ||
@@ -639,7 +637,7 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 	}
 	hadHoles := len(c.rcv.ooo) > 0
 	if c.rcv.n == 0 && c.h != nil {
-		k := c.h.Receive(c, p)
+		k := c.handlerReceive(p)
 		c.rcv.skip(k)
 		p = p[k:]
 	}
@@ -656,7 +654,7 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 	// answers each with a RST. The one ACK above says it all.
 	c.dupAcksOwed = 0
 	if wasEmpty && c.rcv.n > 0 && c.h != nil {
-		c.h.Event(c, EventReadable)
+		c.event(EventReadable)
 	}
 	if c.finPending && c.finSeq == c.rcvNxt() {
 		c.receiveFIN(now, c.finSeq)
@@ -685,7 +683,7 @@ func (c *Conn) deliverBuffered() {
 	took := false
 	for c.rcv.n > 0 {
 		b := c.rcv.peek()
-		k := c.h.Receive(c, b)
+		k := c.handlerReceive(b)
 		c.rcv.consume(k)
 		took = took || k > 0
 		if k < len(b) {
@@ -721,9 +719,7 @@ func (c *Conn) receiveFIN(now Time, at Seq) {
 	case StateFinWait2:
 		c.enterTimeWait(now)
 	}
-	if c.h != nil {
-		c.h.Event(c, EventPeerClosed)
-	}
+	c.event(EventPeerClosed)
 }
 
 // enterTimeWait starts TIME-WAIT (2*MSL).

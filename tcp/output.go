@@ -186,7 +186,7 @@ func (c *Conn) fill(unsent, want int) int {
 		}
 		room := want - unsent
 		m := min(len(t), room)
-		k := f.Fill(c, t[:m:m]) // past m: unacknowledged octets, or past want
+		k := c.handlerFill(f, t[:m:m]) // past m: unacknowledged octets, or past want
 		if k > 0 {
 			c.snd.n += k
 			unsent += k
@@ -202,7 +202,7 @@ func (c *Conn) fill(unsent, want int) int {
 			break
 		}
 		s := c.stack.fillScratch(min(room, c.snd.free()))
-		if k = f.Fill(c, s[:len(s):len(s)]); k <= 0 {
+		if k = c.handlerFill(f, s[:len(s):len(s)]); k <= 0 {
 			break
 		}
 		c.snd.write(s[:k])

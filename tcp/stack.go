@@ -29,6 +29,11 @@ type Stack struct {
 	// RFC 5961 §7 challenge ACK limit: per second, stack-wide.
 	challengeSecond int64
 	challengeCount  int
+	// evConns are the connections with events queued for their
+	// Handlers; driving: inside Input, Advance or Output; calling: a
+	// Handler call runs (see events.go).
+	evConns          []*Conn
+	driving, calling bool
 	// isnOverride fixes initial sequence numbers (tests of wraparound).
 	isnOverride func(FourTuple) Seq
 
@@ -257,6 +262,7 @@ func (s *Stack) Input(now Time, src, dst netip.Addr, b []byte) {
 
 // InputSegment is Input for a segment already parsed and checked.
 func (s *Stack) InputSegment(now Time, src, dst netip.Addr, seg *Segment) {
+	defer s.leave(s.enter())
 	id := FourTuple{LocalAddr: dst, RemoteAddr: src, LocalPort: seg.DstPort, RemotePort: seg.SrcPort}
 	if c := s.conns[id]; c != nil {
 		// RFC 9293 §3.10.7.4 / RFC 6191: a new SYN may reopen a
@@ -355,6 +361,7 @@ func (s *Stack) challengeAllowed(now Time) bool {
 // MaxHeader plus the MSS) and returns its length with the addresses to
 // send it between; 0 when nothing is left to send now.
 func (s *Stack) Output(now Time, b []byte) (n int, src, dst netip.Addr) {
+	defer s.leave(s.enter())
 	if len(s.ctl) > 0 {
 		cs := &s.ctl[0]
 		n = s.writeCtl(now, b, cs)
@@ -415,6 +422,7 @@ func (s *Stack) wantOutput(c *Conn) {
 
 // Advance fires every timer due at now.
 func (s *Stack) Advance(now Time) {
+	defer s.leave(s.enter())
 	for len(s.timers) > 0 && s.timers[0].timerAt <= now {
 		c := heap.Pop(&s.timers).(*Conn)
 		c.timerAt = 0
@@ -550,6 +558,7 @@ func (s *Stack) Detach(c *Conn) error {
 		return errors.New("tcp: detach: connection not yet accepted")
 	}
 	delete(s.conns, c.id)
+	s.dropQueued(c)
 	if c.heapIdx >= 0 {
 		heap.Remove(&s.timers, c.heapIdx)
 	}
@@ -580,6 +589,9 @@ func (s *Stack) Adopt(c *Conn) error {
 	s.timerChanged(c)
 	if c.needsOutput {
 		s.pushOutput(c)
+	}
+	if len(c.events) > 0 {
+		s.evConns = append(s.evConns, c) // delivered at s's next driving call
 	}
 	return nil
 }
