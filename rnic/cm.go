@@ -45,7 +45,7 @@ type ConnectOptions struct {
 func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
 	q.mu.Lock()
 	busy := q.busyLocked()
-	q.mu.Unlock()
+	q.unlock()
 	if busy {
 		return nil, ErrState
 	}
@@ -366,7 +366,7 @@ func (cr *ConnRequest) answer() bool {
 func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	q.mu.Lock()
 	busy := q.busyLocked()
-	q.mu.Unlock()
+	q.unlock()
 	if busy {
 		return ErrState
 	}

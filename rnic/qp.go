@@ -38,8 +38,10 @@ type QPAttr struct {
 	// peer-to-peer model with a zero-length RTR.
 	PeerToPeer bool
 	// OnEvent, if set, receives the connection events instead of the
-	// Events channel. It runs with the QP locked: it must not block or
-	// call back into the QP.
+	// Events channel. It runs with no lock of the QP held (it may call
+	// the QP), on whichever goroutine released the QP's lock after the
+	// event happened — on the accelerated datapath often the QP's
+	// poller — so it must not block. Events come one at a time, in order.
 	OnEvent func(ConnEvent)
 	// BeforeReceive, if set, runs before the engine takes what arrived
 	// from the peer, with the QP unlocked: a consumer that queues
@@ -92,10 +94,20 @@ type QP struct {
 	attr QPAttr
 	qpn  uint32
 
-	mu   sync.Mutex
-	eng  *qp.QP
-	conn *net.TCPConn
-	ec   *engineConn // the connection on the accelerated datapath
+	// mu guards the engine and the connection state below. Callbacks
+	// that run while it is held (the engine's events, completion
+	// handlers of the CQs) must not block or take it again; connection
+	// events are queued in evq while it is held and delivered by unlock
+	// after it is released, so a consumer's OnEvent never runs under it.
+	// Nothing holding mu calls into the TCP engine's driving calls (see
+	// tcp/events.go), so engineConn's callbacks may take it.
+	mu  sync.Mutex
+	evq []ConnEvent
+	// delivering: a goroutine is delivering evq (see unlock).
+	delivering bool
+	eng        *qp.QP
+	conn       *net.TCPConn
+	ec         *engineConn // the connection on the accelerated datapath
 	// accepting: an accelerated-datapath Accept has taken the QP and
 	// has not yet published ec.
 	accepting bool
@@ -164,7 +176,7 @@ func (q *QP) QPN() uint32 { return q.qpn }
 // Ended reports that the QP's connection is over.
 func (q *QP) Ended() bool {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	return q.eng.Ended()
 }
 
@@ -172,7 +184,7 @@ func (q *QP) Ended() bool {
 // strings when the QP has no connection.
 func (q *QP) Addrs() (local, remote string) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if q.ec != nil {
 		return q.ec.addrs()
 	}
@@ -192,7 +204,7 @@ func (q *QP) Events() <-chan ConnEvent { return q.events }
 // State is the engine's RFC 5040 state.
 func (q *QP) State() qp.State {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	return q.eng.State()
 }
 
@@ -205,7 +217,34 @@ func (q *QP) engineEvent(e qp.Event) {
 	q.post(ConnEvent{Kind: engineEventKinds[e.Kind], Err: e.Err})
 }
 
-func (q *QP) post(ev ConnEvent) {
+// post queues a connection event for delivery when q.mu is released;
+// q.mu held.
+func (q *QP) post(ev ConnEvent) { q.evq = append(q.evq, ev) }
+
+// unlock releases q.mu and then delivers the events posted while it was
+// held, with no lock held. One goroutine delivers at a time, taking what
+// others post meanwhile, so events reach the consumer in order.
+func (q *QP) unlock() {
+	if len(q.evq) == 0 || q.delivering {
+		q.mu.Unlock()
+		return
+	}
+	q.delivering = true
+	for len(q.evq) > 0 {
+		evs := q.evq
+		q.evq = nil
+		q.mu.Unlock()
+		for _, ev := range evs {
+			q.deliver(ev)
+		}
+		q.mu.Lock()
+	}
+	q.delivering = false
+	q.mu.Unlock()
+}
+
+// deliver hands one event to the consumer; no lock held.
+func (q *QP) deliver(ev ConnEvent) {
 	if q.attr.OnEvent != nil {
 		q.attr.OnEvent(ev)
 		return
@@ -229,7 +268,7 @@ func (q *QP) PostSend(wr *qp.SendWR) error {
 	err := q.eng.PostSend(wr)
 	work := err == nil && q.conn != nil
 	ec := q.ec
-	q.mu.Unlock()
+	q.unlock()
 	if work {
 		q.wake()
 	}
@@ -243,7 +282,7 @@ func (q *QP) PostSend(wr *qp.SendWR) error {
 // connected.
 func (q *QP) PostRecv(wr *qp.RecvWR) error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	return q.eng.PostRecv(wr)
 }
 
@@ -263,7 +302,7 @@ func (q *QP) Disconnect(graceful bool) {
 	}
 	q.eng.Disconnect(graceful)
 	ec := q.ec
-	q.mu.Unlock()
+	q.unlock()
 	q.wake()
 	if ec != nil {
 		ec.kick()
@@ -275,19 +314,19 @@ func (q *QP) Disconnect(graceful bool) {
 func (q *QP) Reset() error {
 	q.mu.Lock()
 	ended := q.eng.Ended()
-	q.mu.Unlock()
+	q.unlock()
 	if !ended {
 		return fmt.Errorf("reset QP %d: connection not over: %w", q.qpn, ErrState)
 	}
 	q.loops.Wait()
 	q.mu.Lock()
 	ec := q.ec
-	q.mu.Unlock()
+	q.unlock()
 	if ec != nil {
 		ec.detach(false)
 	}
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if err := q.eng.Reset(); err != nil {
 		return fmt.Errorf("reset QP %d: %w", q.qpn, ErrState)
 	}
@@ -304,7 +343,7 @@ func (q *QP) Destroy() {
 		q.loops.Wait()
 		q.mu.Lock()
 		ec := q.ec
-		q.mu.Unlock()
+		q.unlock()
 		if ec != nil {
 			ec.detach(true)
 		}
@@ -333,7 +372,7 @@ func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool, established 
 	}
 	q.mu.Lock()
 	if err := q.eng.Connect(p, emss, initiator); err != nil {
-		q.mu.Unlock()
+		q.unlock()
 		return err
 	}
 	q.conn = conn
@@ -341,12 +380,12 @@ func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool, established 
 	// Counted before Established goes out: a consumer may Destroy the
 	// QP as soon as it has the event, and Destroy waits for the loops.
 	q.loops.Add(2)
-	q.mu.Unlock()
 	// Established goes out before the loops run: once they do, a reset
 	// that arrives at once makes the receive loop post Broken, which
 	// must come after it (seen: a responder whose initiator aborted
 	// right after connecting got Broken, then Established).
 	q.post(established)
+	q.unlock()
 	go q.rxLoop()
 	go q.txLoop()
 	q.wake()
@@ -382,7 +421,7 @@ func (q *QP) rxLoop() {
 			}
 			q.mu.Lock()
 			q.eng.Receive(buf[:n])
-			q.mu.Unlock()
+			q.unlock()
 			q.wake()
 		}
 		if err != nil {
@@ -405,9 +444,9 @@ func (q *QP) rxLoop() {
 func (q *QP) llpClosed(err error) {
 	deadline := time.After(closeTimeout)
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	for q.writing {
-		q.mu.Unlock()
+		q.unlock()
 		select {
 		case <-q.wrote:
 		case <-deadline:
@@ -438,13 +477,13 @@ func (q *QP) txLoop() {
 		n := q.eng.Transmit(buf)
 		ended, drained, abort := q.eng.Ended(), q.eng.Drained(), q.abort
 		q.writing = n > 0
-		q.mu.Unlock()
+		q.unlock()
 		if n > 0 {
 			if _, err := q.conn.Write(buf[:n]); err != nil {
 				q.mu.Lock()
 				q.wroteDone()
 				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
-				q.mu.Unlock()
+				q.unlock()
 				q.abortConn()
 				return
 			}
@@ -452,7 +491,7 @@ func (q *QP) txLoop() {
 			q.sentTot += uint64(n)
 			q.eng.Sent(q.sentTot)
 			q.wroteDone()
-			q.mu.Unlock()
+			q.unlock()
 			continue
 		}
 		switch {
@@ -481,7 +520,7 @@ func (q *QP) txLoop() {
 			q.mu.Lock()
 			q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
 			q.abort = true
-			q.mu.Unlock()
+			q.unlock()
 		}
 	}
 }
@@ -513,7 +552,7 @@ func (q *QP) nudgeIfSilent() {
 		q.eng.Nudge()
 	}
 	ec := q.ec
-	q.mu.Unlock()
+	q.unlock()
 	q.wake()
 	if ec != nil {
 		ec.kick()

@@ -282,7 +282,7 @@ func (ec *engineConn) lock() {
 
 func (ec *engineConn) unlock() {
 	if ec.q != nil {
-		ec.q.mu.Unlock()
+		ec.q.unlock()
 	}
 }
 
@@ -393,7 +393,7 @@ func (ec *engineConn) serve() {
 	ec.q.mu.Lock()
 	ec.noteCPU()
 	abort := ec.q.abort
-	ec.q.mu.Unlock()
+	ec.q.unlock()
 	if abort {
 		c.Abort()
 		return
@@ -407,12 +407,12 @@ func (ec *engineConn) serve() {
 func (ec *engineConn) closeTimedOut(q *QP) {
 	q.mu.Lock()
 	if q.ec != ec || q.eng.Ended() {
-		q.mu.Unlock()
+		q.unlock()
 		return
 	}
 	q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
 	q.abort = true
-	q.mu.Unlock()
+	q.unlock()
 	ec.kick()
 }
 
@@ -437,20 +437,27 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 	p := q.Poller()
 	ec := newEngineConn(p, q, NewEngineLLP(q.eng, cfg, true))
 	ec.result = make(chan error, 1)
-	ec.llp.OnReady = func(*EngineLLP) { ec.report(nil) }
+	// On the poller, with q.mu held (engineConn.Receive): Established
+	// is posted where the QP reaches RTS, so that it comes before any
+	// event of what follows on the connection.
+	ec.llp.OnReady = func(e *EngineLLP) {
+		ec.id = e.conn.ID() // Addrs reads it under q.mu
+		q.post(ConnEvent{Kind: Established, PrivateData: clone(e.Params.PeerPrivateData)})
+		ec.report(nil)
+	}
 	q.mu.Lock()
 	if q.busyLocked() { // Connect looked before unlocking
-		q.mu.Unlock()
+		q.unlock()
 		return nil, ErrState
 	}
 	q.ec = ec
-	q.mu.Unlock()
+	q.unlock()
 	fail := func(err error) ([]byte, error) {
 		q.mu.Lock()
 		if q.ec == ec {
 			q.ec = nil
 		}
-		q.mu.Unlock()
+		q.unlock()
 		return nil, err
 	}
 	c, err := p.Connect(ap, ec, timeout)
@@ -474,12 +481,7 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOption
 		return fail(fmt.Errorf("connect %s: %w", raddr, err))
 	}
 	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
-	pd := clone(ec.llp.Params.PeerPrivateData)
-	q.mu.Lock()
-	ec.id = c.ID() // Addrs reads it under q.mu
-	q.post(ConnEvent{Kind: Established, PrivateData: pd})
-	q.mu.Unlock()
-	return pd, nil
+	return clone(ec.llp.Params.PeerPrivateData), nil
 }
 
 // listenEngine is Listen on the accelerated datapath: the first poller
@@ -578,18 +580,18 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	}
 	q.mu.Lock()
 	if q.busyLocked() { // Accept looked before unlocking
-		q.mu.Unlock()
+		q.unlock()
 		return ErrState
 	}
 	// The QP is taken, but q.ec is published only once the connection
 	// is on the QP's poller: until then no kick may reach the poller the
 	// connection is leaving.
 	q.accepting = true
-	q.mu.Unlock()
+	q.unlock()
 	defer func() {
 		q.mu.Lock()
 		q.accepting = false
-		q.mu.Unlock()
+		q.unlock()
 	}()
 	if !cr.answer() {
 		return ErrAnswered
@@ -610,13 +612,15 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 		ec.q = q
 		if err = ec.llp.Accept(q.eng, cfg); err != nil {
 			ec.q = nil
-			q.mu.Unlock()
+			q.unlock()
 			return
 		}
 		q.ec = ec
+		// At RTS, before anything the connection does next.
+		q.post(ConnEvent{Kind: Established, PrivateData: cr.PrivateData})
 		// A Disconnect during the accept found no connection to kick.
 		abort := q.abort
-		q.mu.Unlock()
+		q.unlock()
 		if abort {
 			c.Abort()
 		}
@@ -629,9 +633,6 @@ func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	if err != nil {
 		return fmt.Errorf("accept: %w", err)
 	}
-	q.mu.Lock()
-	q.post(ConnEvent{Kind: Established, PrivateData: cr.PrivateData})
-	q.mu.Unlock()
 	return nil
 }
 
