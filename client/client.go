@@ -70,7 +70,9 @@ type IA struct {
 	evds  map[*EVD]struct{}
 
 	// gone: the daemon hung up (see watch); stop wakes watch at Close.
-	gone    atomic.Bool
+	gone atomic.Bool
+	// ended: Close ran; waiters return ErrClosed.
+	ended   atomic.Bool
 	stop    *os.File
 	stopW   *os.File
 	watched chan struct{}
@@ -136,6 +138,11 @@ func (ia *IA) watch() {
 		}
 	}
 	ia.gone.Store(true)
+	ia.wakeAll()
+}
+
+// wakeAll wakes every waiter on the session's EVDs.
+func (ia *IA) wakeAll() {
 	ia.objMu.Lock()
 	evds := make([]*EVD, 0, len(ia.evds))
 	for e := range ia.evds {
@@ -170,6 +177,10 @@ func (ia *IA) Close() error {
 		<-ia.watched
 		ia.stop.Close()
 	}
+	// Waiters on the session's EVDs return ErrClosed, as they would
+	// ErrDaemonGone, instead of sleeping to their deadlines.
+	ia.ended.Store(true)
+	ia.wakeAll()
 	return ia.conn.Close()
 }
 

@@ -200,7 +200,9 @@ func (e *EVD) dequeue() (Event, bool, error) {
 	return ev, true, nil
 }
 
-// Wait returns the next event, sleeping until one arrives or ctx ends.
+// Wait returns the next event, sleeping until one arrives or ctx ends;
+// it returns ErrClosed once the IA is closed and ErrDaemonGone once the
+// daemon has gone.
 func (e *EVD) Wait(ctx context.Context) (Event, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -215,6 +217,9 @@ func (e *EVD) Wait(ctx context.Context) (Event, error) {
 		}
 		if e.ia.gone.Load() {
 			return Event{}, e.errGone()
+		}
+		if e.ia.ended.Load() {
+			return Event{}, fmt.Errorf("EVD %d: %w", e.h, ErrClosed)
 		}
 		if err := waitFile(ctx, e.notify); err != nil {
 			return Event{}, err
