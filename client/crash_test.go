@@ -17,9 +17,13 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/leakcheck"
 )
 
 // TestMain lets the test binary act as a client process for crash tests.
+// As the test binary it fails the run if a goroutine the tests started (an
+// IA's watcher, a daemon's loops) is still running after the tests closed
+// their IAs and daemons; the child is killed, so it is not checked.
 func TestMain(m *testing.M) {
 	if os.Getenv("SOFTRNIC_TEST_CHILD") != "" {
 		if err := child(); err != nil {
@@ -28,7 +32,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	os.Exit(leakcheck.Main(m))
 }
 
 // child connects to the server named in the environment and RDMA-writes to
