@@ -100,26 +100,7 @@ func main() {
 	}
 	o := opts{test: os.Args[1], testNumber: tests[os.Args[1]]}
 	o.isLatency = strings.HasSuffix(o.test, "_lat")
-	fs := flag.NewFlagSet(o.test, flag.ExitOnError)
-	defSize := 65536
-	if o.isLatency {
-		defSize = 2
-	}
-	fs.IntVar(&o.size, "s", defSize, "message size")
-	fs.BoolVar(&o.all, "a", false, "all sizes 2 B .. 8 MiB")
-	fs.IntVar(&o.iters, "n", 0, "iterations (default 5000 for bandwidth, 1000 for latency)")
-	fs.DurationVar(&o.duration, "D", 0, "run for this long instead of -n")
-	fs.IntVar(&o.qps, "q", 1, "queue pairs, each with -n iterations (bandwidth tests)")
-	fs.IntVar(&o.port, "p", 18515, "port")
-	fs.IntVar(&o.depth, "t", 128, "queue depth (outstanding requests)")
-	fs.BoolVar(&o.gbits, "report_gbits", false, "report bandwidth in Gb/s")
-	fs.StringVar(&o.socket, "socket", "", "softrnicd control socket")
-	fs.BoolVar(&o.verify, "verify", false, "check the data moved")
-	fs.BoolVar(&o.jsonOut, "json", false, "print results as JSON")
-	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
-	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
-	fs.BoolVar(&o.busy, "busy", false, "latency tests: spin on memory or completions without yielding the processor between looks, as perftest does")
+	fs := newFlagSet(&o, flag.ExitOnError)
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() > 1 || o.qps < 1 || o.qps > maxQPs || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
 		fmt.Fprintf(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1..%d, -s 1..8388608, -t >= 1)\n", maxQPs)

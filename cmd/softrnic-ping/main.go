@@ -9,6 +9,12 @@
 //
 //	softrnic-ping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-P] [--no-crc] --socket PATH
 //	softrnic-ping -c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [--no-crc] --socket PATH
+//
+// The server serves one client and exits, or with -P (persistent) serves
+// clients one after the other until it is stopped: a client whose
+// connection fails or breaks, at any point, is reported on standard error
+// and the server goes on to the next request. Only the loss of the daemon
+// (or -timeout) ends a persistent server.
 package main
 
 import (
@@ -39,6 +45,9 @@ const (
 	offSend  = 64
 	offRDMA  = 4096
 	offStart = offRDMA + 65536
+	// acceptTimeout bounds the wait for ESTABLISHED after an Accept, so
+	// that a client that vanishes mid-handshake cannot hold the server.
+	acceptTimeout = 10 * time.Second
 )
 
 type opts struct {
@@ -135,7 +144,11 @@ func (s *side) newEP() error {
 	if err != nil {
 		return err
 	}
-	return s.postRecv()
+	if err := s.postRecv(); err != nil {
+		_ = s.ep.Free()
+		return err
+	}
+	return nil
 }
 
 func (s *side) postRecv() error {
@@ -146,9 +159,22 @@ func (s *side) postRecv() error {
 // rping server learns its client is done).
 var errDisconnected = errors.New("disconnected")
 
+// next waits for evd's next event about the current EP. The EVDs outlive
+// each client's EP: what an earlier EP left queued (its flushed receive,
+// its DISCONNECTED) is dropped here, so that it is not taken for the
+// current client's.
+func (s *side) next(ctx context.Context, evd *client.EVD) (client.Event, error) {
+	for {
+		ev, err := evd.Wait(ctx)
+		if err != nil || ev.EP == s.ep {
+			return ev, err
+		}
+	}
+}
+
 // recv waits for the next 16-octet message and reposts the receive.
 func (s *side) recv(ctx context.Context) ([]byte, error) {
-	ev, err := s.recvs.Wait(ctx)
+	ev, err := s.next(ctx, s.recvs)
 	if err != nil {
 		return nil, err
 	}
@@ -167,7 +193,7 @@ func (s *side) recv(ctx context.Context) ([]byte, error) {
 
 // done waits for the completion of the request just posted.
 func (s *side) done(ctx context.Context, what string) error {
-	ev, err := s.sends.Wait(ctx)
+	ev, err := s.next(ctx, s.sends)
 	if err != nil {
 		return err
 	}
@@ -194,7 +220,7 @@ func (s *side) sendInfo(ctx context.Context, addr uint64, stag uint32, size int)
 }
 
 func (s *side) waitConn(ctx context.Context) (client.ConnEvent, error) {
-	ev, err := s.conn.Wait(ctx)
+	ev, err := s.next(ctx, s.conn)
 	return ev.Conn, err
 }
 
@@ -209,30 +235,59 @@ func serve(ctx context.Context, o *opts) error {
 	}
 	fmt.Printf("softrnic-ping: server listening on %s:%d\n", s.ia.Attr().Address, o.port)
 	for {
-		if err := s.serveOne(ctx); err != nil {
+		// Only the listener's own failures end here: its EVD fails when
+		// the daemon goes or -timeout passes.
+		ev, err := s.requests.Wait(ctx)
+		if err != nil {
 			return err
 		}
-		if !o.persistent {
-			return nil
+		if ev.CR == nil {
+			fmt.Fprintf(os.Stderr, "softrnic-ping: unexpected event %d on the request EVD\n", ev.Type)
+			continue
+		}
+		peer := "client"
+		if info, err := ev.CR.Query(); err == nil {
+			peer = info.RemoteAddr
+		}
+		err = s.serveOne(ctx, ev.CR)
+		switch {
+		case !o.persistent:
+			return err
+		case err != nil && s.lost(ctx, err):
+			return err
+		case err != nil:
+			fmt.Fprintf(os.Stderr, "softrnic-ping: %s: %v; serving the next client\n", peer, err)
 		}
 	}
 }
 
-func (s *side) serveOne(ctx context.Context) error {
-	ev, err := s.requests.Wait(ctx)
-	if err != nil {
-		return err
-	}
+// lost reports whether err, from serving one client, ends even a
+// persistent server: the daemon went away or -timeout passed. Anything
+// else is that client's failure.
+func (s *side) lost(ctx context.Context, err error) bool {
+	return ctx.Err() != nil || s.ia.Gone() || errors.Is(err, client.ErrClosed)
+}
+
+// serveOne accepts cr on a new EP and serves its pings until the client
+// disconnects; the EP is freed (its connection aborted) however it ends.
+func (s *side) serveOne(ctx context.Context, cr *client.CR) error {
 	if err := s.newEP(); err != nil {
+		_ = cr.Reject(nil) // the client hears at once, not at its timeout
 		return err
-	}
-	if err := ev.CR.Accept(s.ep, nil); err != nil {
-		return err
-	}
-	if c, err := s.waitConn(ctx); err != nil || c != client.Established {
-		return fmt.Errorf("accept: %v %v", c, err)
 	}
 	defer s.ep.Free()
+	if err := cr.Accept(s.ep, nil); err != nil {
+		return err
+	}
+	actx, cancel := context.WithTimeout(ctx, acceptTimeout)
+	c, err := s.waitConn(actx)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	if c != client.Established {
+		return fmt.Errorf("accept: %v", c)
+	}
 	for {
 		// The client's source advertisement, or its disconnect.
 		info, err := s.recv(ctx)
