@@ -288,7 +288,10 @@ type RejectCR struct {
 	PrivateData []byte
 }
 
-// StatsReply counts a session's objects, for tests and operators.
+// StatsReply counts the daemon's live objects over all sessions, and its
+// stalls, for tests and operators. Fields are only ever appended: the
+// codec has no optional fields, so a peer built before a field was added
+// refuses the longer reply (trailing octets) rather than misreading it.
 type StatsReply struct {
 	Sessions uint32
 	PZ       uint32
@@ -297,6 +300,10 @@ type StatsReply struct {
 	EP       uint32
 	PSP      uint32
 	CR       uint32
+	// Stalls counts the episodes in which one of the daemon's loops (an
+	// xdp poller, a session's poll loop) had work and made no progress
+	// for 5 s; each was logged with the stacks of all goroutines.
+	Stalls uint64
 }
 
 // EP states (DAT 2.0, digest 003 §2).

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ctl"
@@ -18,10 +19,15 @@ const batch = 64
 
 // poll is the session's data path. It steps while there is work; when there
 // is none it raises the need-wakeup flags and arms the CQs, steps once more
-// (work that raced in is not missed), and sleeps until woken.
+// (work that raced in is not missed), and sleeps until woken. The watchdog
+// watches it: busy before each round, idle while it sleeps (a loop asleep
+// on its channel has nothing to do, however long).
 func (s *session) poll() {
 	defer s.loops.Done()
+	beat := s.srv.watch.watch(fmt.Sprintf("session %d poll loop (pid %d)", s.id, s.cred.Pid))
+	defer s.srv.watch.unwatch(beat)
 	for {
+		beat.busy()
 		if s.step() {
 			continue
 		}
@@ -30,11 +36,13 @@ func (s *session) poll() {
 			s.setSleeping(false)
 			continue
 		}
+		beat.idle()
 		select {
 		case <-s.wake:
 		case <-s.done:
 			return
 		}
+		beat.busy()
 		s.setSleeping(false)
 	}
 }

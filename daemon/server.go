@@ -18,7 +18,10 @@
 // receives before the engine reads what arrived (takeQueuedRecvs). An
 // EP's ringMu makes its rings' consumers one, an EVD's its ring's
 // producers. Lock order: session.mu, then an EP's ringMu, then an EVD's
-// ringMu or any QP's.
+// ringMu or any QP's. One watchdog goroutine per Server looks at the xdp
+// pollers and the sessions' poll loops once a second and logs the stacks
+// of all goroutines when one has had work without progress for 5 s
+// (stall.go).
 package daemon
 
 import (
@@ -70,6 +73,10 @@ type Options struct {
 	// sch_netem.
 	Impair string
 	Logger *slog.Logger
+	// StallAfter is how long a loop (an xdp poller, a session's poll
+	// loop) may have work without making progress before the watchdog
+	// logs it as stalled and counts it (default 5 s).
+	StallAfter time.Duration
 }
 
 // shutdownGrace bounds the graceful close of connections at Close.
@@ -90,6 +97,8 @@ type Server struct {
 	addr netip.Addr
 	dev  *rnic.Device
 	ln   *net.UnixListener
+	// watch finds stalled loops; it runs from New to Close.
+	watch *watchdog
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -170,6 +179,7 @@ func New(opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
+	s.watch = startWatchdog(s.log, opts.StallAfter, dev.Pollers())
 	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
 	return s, nil
 }
@@ -330,6 +340,9 @@ func (s *Server) Close() error {
 		sess.conn.Close()
 	}
 	s.loops.Wait()
+	// The watchdog runs until the loops have ended: a shutdown that
+	// hangs on one is logged too.
+	s.watch.stop()
 	s.dev.Close()
 	s.log.Info("softrnicd stopped")
 	close(s.stopped)

@@ -258,7 +258,7 @@ func (s *session) handle(op ctl.Op, body []byte, fds []*os.File) (any, []*os.Fil
 		}
 		c := s.srv.Counts()
 		return &ctl.StatsReply{Sessions: uint32(c["sessions"]), PZ: uint32(c["pz"]), LMR: uint32(c["lmr"]),
-			EVD: uint32(c["evd"]), EP: uint32(c["ep"]), PSP: uint32(c["psp"]), CR: uint32(c["cr"])}, nil, nil
+			EVD: uint32(c["evd"]), EP: uint32(c["ep"]), PSP: uint32(c["psp"]), CR: uint32(c["cr"]), Stalls: s.srv.Stalls()}, nil, nil
 	}
 	return nil, nil, fail(ctl.NotImplemented, "operation %v", op)
 }

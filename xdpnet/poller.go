@@ -66,6 +66,16 @@
 // them (BadTCPChecksum, BadIPChecksum), and a transfer that stalls with
 // those counters rising means the peer's offloads must go off
 // (`ethtool -K <peer> tx off tso off gso off`).
+//
+// # Stalls
+//
+// The loop stores the number of each turn in an atomic as the turn starts
+// (its heartbeat), and nothing else for stall detection. A watchdog
+// outside the Poller (softrnicd has one) calls CheckStall about once a
+// second: a loop that stays inside one turn, or leaves Do and Async calls
+// untaken, for the watchdog's threshold is stalled, and each such episode
+// is reported once and counted in Stats.Stalls. A loop asleep in ppoll
+// with nothing queued is idle, however long it sleeps (see stall.go).
 package xdpnet
 
 import (
@@ -188,6 +198,10 @@ type Stats struct {
 	// YieldBackoffs: spins that stopped yielding the CPU after a yield
 	// that did not come back soon (see yield).
 	YieldBackoffs uint64
+	// Stalls: episodes in which the loop had work and made no progress
+	// for a watchdog's threshold (CheckStall); read live, not published
+	// by the loop, since a stalled loop publishes nothing.
+	Stalls uint64
 	// Flows and Listens currently registered with the steering program.
 	Flows, Listens int
 	// ImpairRX and ImpairTX count what the impaired link did.
@@ -257,6 +271,16 @@ type Poller struct {
 	// received counts the frames taken from the RX ring (one atomic add
 	// per batch): Stats.RXFrames when published, FramesReceived live.
 	received atomic.Uint64
+	// beat is the heartbeat: the number of the turn the loop is in,
+	// stored as it starts (one atomic store per turn), read by
+	// CheckStall. looping is true while Run is in its loop.
+	beat    atomic.Uint64
+	looping atomic.Bool
+
+	// The watchdog's (stall.go): its view of the loop, and the stalls
+	// it counted.
+	watch  stallWatch
+	stalls atomic.Uint64
 }
 
 type call struct {
@@ -546,6 +570,8 @@ func (p *Poller) Run(ctx context.Context) error {
 	minSpin := min(tcp.Time(spinMin), maxSpin)
 	spin := minSpin
 	var y yielding
+	p.looping.Store(true)
+	defer p.looping.Store(false)
 	for {
 		if p.stopReq.Load() {
 			p.shutdown()
@@ -591,6 +617,7 @@ func (p *Poller) now() tcp.Time { return tcp.Time(time.Since(p.start)) + tcp.Tim
 // turn is one round of the loop; it reports whether it found work.
 func (p *Poller) turn() (bool, error) {
 	p.stats.Turns++
+	p.beat.Store(p.stats.Turns)
 	work := false
 	for range 4 {
 		select {
@@ -813,7 +840,7 @@ func (p *Poller) runAsync() bool {
 
 // Stats returns the counters as the loop last published them (every
 // 100 ms, after each Do, and when Run ends), with the socket's kernel
-// counters read now.
+// counters and Stalls read now.
 func (p *Poller) Stats() Stats {
 	var st Stats
 	if s := p.statsShadow.Load(); s != nil {
@@ -822,6 +849,7 @@ func (p *Poller) Stats() Stats {
 	if p.sock != nil && !p.closed.Load() {
 		st.Socket, _ = p.sock.Statistics()
 	}
+	st.Stalls = p.stalls.Load()
 	return st
 }
 

@@ -1,0 +1,62 @@
+package xdpnet
+
+import (
+	"fmt"
+	"sync"
+	"time"
+)
+
+// stallWatch is CheckStall's view of the loop: the heartbeat it last saw
+// and since when the loop has shown no progress. mu makes concurrent
+// CheckStall calls safe; the loop never takes it.
+type stallWatch struct {
+	mu      sync.Mutex
+	beat    uint64
+	since   time.Time // the heartbeat last moved or the loop was last idle
+	stalled bool      // this episode was reported and has not ended
+}
+
+// CheckStall is the Poller's side of a watchdog: it reports whether the
+// loop has stalled, that is, since at least after ago it has been inside
+// one turn, or has left Do or Async calls (or frames handed over by other
+// pollers) untaken. It reports each stall episode once and counts it in
+// Stats.Stalls; the episode ends when the loop starts another turn, and a
+// later stall is a new episode. A loop asleep in ppoll with nothing queued
+// is idle, not stalled, however long it sleeps; a loop that has not
+// started or has returned is neither.
+//
+// now is the watchdog's clock. CheckStall measures from its own calls, so
+// call it regularly (softrnicd: once a second for a 5 s threshold): a
+// stall is reported between after and after plus the interval. The loop
+// pays for this one atomic store per turn (the heartbeat), nothing more.
+func (p *Poller) CheckStall(now time.Time, after time.Duration) bool {
+	w := &p.watch
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	beat := p.beat.Load()
+	if !p.looping.Load() || beat != w.beat || w.since.IsZero() || p.idle() {
+		w.beat, w.since, w.stalled = beat, now, false
+		return false
+	}
+	if w.stalled || now.Sub(w.since) < after {
+		return false
+	}
+	w.stalled = true
+	p.stalls.Add(1)
+	return true
+}
+
+// idle reports whether the loop sleeps with nothing queued for it: no Do
+// call, no Async function, no frame from another poller. Safe from any
+// goroutine.
+func (p *Poller) idle() bool {
+	return p.sleeping.Load() && len(p.calls) == 0 && p.asyncPending.Load() == 0 && !p.handedWaiting()
+}
+
+// Name says which poller this is, for logs: interface, queue and CPU.
+func (p *Poller) Name() string {
+	if p.cfg.Pin {
+		return fmt.Sprintf("xdp poller %s queue %d (CPU %d)", p.cfg.Interface, p.cfg.Queue, p.cfg.CPU)
+	}
+	return fmt.Sprintf("xdp poller %s queue %d", p.cfg.Interface, p.cfg.Queue)
+}
