@@ -625,27 +625,47 @@ func (s *session) counts() map[string]int {
 	return out
 }
 
-// disconnectAll starts a graceful disconnect of every connected EP.
+// disconnectAll starts a graceful disconnect of every EP whose QP is
+// connected, including one whose Established the poller has not applied
+// yet: its peer must see a FIN, not the reset of the session's end.
 func (s *session) disconnectAll() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, o := range s.objects {
-		if e, ok := o.(*ep); ok && e.state == ctl.EPConnected {
-			s.drainRings(e)
-			e.state = ctl.EPDisconnectPending
-			e.qp.Disconnect(true)
+		e, ok := o.(*ep)
+		if !ok || e.qp == nil {
+			continue
 		}
+		switch e.state {
+		case ctl.EPActivePending, ctl.EPCompletionPending:
+			if e.qp.State() != qp.RTS {
+				continue
+			}
+		case ctl.EPConnected:
+		default:
+			continue
+		}
+		s.drainRings(e)
+		e.state = ctl.EPDisconnectPending
+		e.qp.Disconnect(true)
 	}
 }
 
-// waitDisconnected waits until no QP of the session has a live connection,
-// or the deadline.
+// waitDisconnected waits until no QP of the session has a live connection
+// or one being set up, or the deadline. A connection that comes up
+// meanwhile is disconnected gracefully too.
 func (s *session) waitDisconnected(deadline time.Time) {
 	for time.Now().Before(deadline) {
+		s.disconnectAll()
 		live := false
 		s.mu.Lock()
 		for _, o := range s.objects {
-			if e, ok := o.(*ep); ok && e.qp != nil && e.state == ctl.EPDisconnectPending && !e.qp.Ended() {
+			e, ok := o.(*ep)
+			if !ok || e.qp == nil || e.qp.Ended() {
+				continue
+			}
+			switch e.state {
+			case ctl.EPDisconnectPending, ctl.EPActivePending, ctl.EPCompletionPending:
 				live = true
 			}
 		}
