@@ -124,7 +124,15 @@ func clone(b []byte) []byte {
 // readFrame reads one MPA startup frame under the connection's deadline.
 func readFrame(conn net.Conn, reply bool) (mpa.Frame, error) {
 	buf := make([]byte, mpa.FrameHeaderLen, mpa.FrameHeaderLen+mpa.MaxPrivateData)
-	if _, err := io.ReadFull(conn, buf); err != nil {
+	// The key first: a peer that is not iWARP (an HTTP client's short
+	// request) is refused at once, not after the header it never sends.
+	if _, err := io.ReadFull(conn, buf[:mpa.KeyLen]); err != nil {
+		return mpa.Frame{}, ioErr(err)
+	}
+	if _, _, err := mpa.ParseFrame(buf[:mpa.KeyLen], reply); err != mpa.ErrShortFrame {
+		return mpa.Frame{}, err
+	}
+	if _, err := io.ReadFull(conn, buf[mpa.KeyLen:]); err != nil {
 		return mpa.Frame{}, ioErr(err)
 	}
 	n, err := mpa.FrameLen(buf)

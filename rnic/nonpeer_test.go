@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"syscall"
 	"testing"
 	"time"
 
@@ -120,5 +121,45 @@ func testNonIWARPServer(t *testing.T, datapath string, keepOpen bool) {
 		t.Logf("device closed in %v", time.Since(start).Round(time.Millisecond))
 	case <-time.After(5 * time.Second):
 		t.Fatal("the device did not close within 5 s")
+	}
+}
+
+// A client that is not iWARP (an HTTP request, shorter than an MPA
+// header) is refused as soon as its first 16 octets show it, on both
+// datapaths: the connection closes at once instead of after the request
+// timeout, and the listener goes on serving.
+func TestNonIWARPClientRefusedAtOnce(t *testing.T) {
+	testenv.RequireRoot(t)
+	for _, datapath := range []string{"kernel", "xdp"} {
+		t.Run(datapath, func(t *testing.T) {
+			tp := topology.NewTest(t, topology.Options{MTU: 1500})
+			var dev *Device
+			if datapath == "xdp" {
+				dev = newXDPSide(t, tp.B, XDPOptions{Pollers: 1}).dev
+			} else {
+				dev = newHost(t).dev
+			}
+			addr := net.JoinHostPort(tp.B.Addr.Addr().String(), "4791")
+			var ln *Listener
+			must(t, tp.B.Do(func() error {
+				var err error
+				ln, err = dev.Listen(addr, ListenOptions{RequestTimeout: 20 * time.Second})
+				return err
+			}))
+			defer ln.Close()
+			c, err := tp.A.DialTCP(netip.MustParseAddrPort(addr), 5*time.Second)
+			must(t, err)
+			defer c.Close()
+			start := time.Now()
+			_, err = io.WriteString(c, "GET / HTTP/1.0\r\n\r\n")
+			must(t, err)
+			_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+			if _, err := io.ReadAll(c); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("read: %v after %v", err, time.Since(start))
+			}
+			if took := time.Since(start); took > 5*time.Second {
+				t.Fatalf("the connection closed after %v, want at once", took)
+			}
+		})
 	}
 }
