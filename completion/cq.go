@@ -137,8 +137,11 @@ type Options struct {
 	Depth int
 	// Vector is the completion vector: the poller that owns the CQ.
 	Vector int
-	// Handler, if set, is called (without locks held) when an armed CQ
-	// gets a completion; it must not block.
+	// Handler, if set, is called when an armed CQ gets a completion,
+	// without the CQ's lock but on the goroutine that completed, which
+	// may hold the lock of the QP that completed (rnic.QP's): it must
+	// not block and must not call into a QP or post work; it wakes
+	// whoever polls the CQ (a poller, a session, a channel), nothing more.
 	Handler func(*CQ)
 }
 
