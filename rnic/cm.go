@@ -223,6 +223,10 @@ type Listener struct {
 	done  chan struct{}
 	once  sync.Once
 	loops sync.WaitGroup
+	// shaking are the kernel datapath's connections whose MPA Request
+	// is being read, for Close to end those reads at once.
+	shakeMu sync.Mutex
+	shaking map[*net.TCPConn]struct{}
 }
 
 // Listen starts accepting connection requests on addr (host:port).
@@ -264,6 +268,14 @@ func (l *Listener) Close() error {
 		close(l.done)
 		if l.ln != nil {
 			l.ln.Close()
+			// A peer that sends half a Request, or nothing, does not
+			// hold Close (and the daemon's shutdown) for the request
+			// timeout.
+			l.shakeMu.Lock()
+			for nc := range l.shaking {
+				_ = nc.SetDeadline(time.Now())
+			}
+			l.shakeMu.Unlock()
 		} else {
 			l.closeEngine()
 		}
@@ -302,8 +314,24 @@ func (l *Listener) acceptLoop() {
 func (l *Listener) handshake(nc *net.TCPConn) {
 	defer l.loops.Done()
 	_ = nc.SetNoDelay(true)
+	l.shakeMu.Lock()
+	select {
+	case <-l.done:
+		l.shakeMu.Unlock()
+		nc.Close()
+		return
+	default:
+	}
+	if l.shaking == nil {
+		l.shaking = map[*net.TCPConn]struct{}{}
+	}
+	l.shaking[nc] = struct{}{}
 	_ = nc.SetDeadline(time.Now().Add(l.opts.RequestTimeout))
+	l.shakeMu.Unlock()
 	req, err := readFrame(nc, false)
+	l.shakeMu.Lock()
+	delete(l.shaking, nc)
+	l.shakeMu.Unlock()
 	if err != nil {
 		// RFC 5044 §7.1.2: a bad Request closes the connection.
 		nc.Close()

@@ -230,8 +230,14 @@ func (e *EngineLLP) Event(c *tcp.Conn, ev tcp.Event) {
 			c.Kick()
 		}
 	case tcp.EventPeerClosed:
-		if e.ready {
+		switch {
+		case e.ready:
 			e.qp.LLPClosed(nil)
+		case e.Err == nil:
+			// The peer closed before MPA startup completed: it is
+			// not coming back with the rest of its frame (as the
+			// kernel datapath sees EOF in readFrame).
+			e.fail(c, fmt.Errorf("%w: the peer closed the connection during MPA startup", ddp.LLPConnectionLost))
 		}
 	case tcp.EventClosed:
 		if e.ready {

@@ -299,6 +299,13 @@ func (q *QP) Disconnect(graceful bool) {
 	q.mu.Lock()
 	if !graceful {
 		q.abort = true
+		if q.conn != nil {
+			// A transmit loop blocked in Write on a peer that stopped
+			// reading or acknowledging would see the abort only when
+			// the write ended: end it now, and its error path resets
+			// the connection.
+			_ = q.conn.SetWriteDeadline(time.Now())
+		}
 	}
 	q.eng.Disconnect(graceful)
 	ec := q.ec

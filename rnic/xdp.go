@@ -219,8 +219,9 @@ type engineConn struct {
 	id  tcp.FourTuple
 	// dead: the QP let go of the connection (Reset, Destroy); its
 	// callbacks do nothing more. finTimer: the wait for the peer's FIN
-	// after ours is timed. Loop-owned.
-	dead, finTimer bool
+	// after ours is timed. tcpUp: the TCP handshake completed.
+	// Loop-owned.
+	dead, finTimer, tcpUp bool
 	// serveFn is serve, made once: a method value per kick would be an
 	// allocation per posted work request.
 	serveFn func()
@@ -336,6 +337,9 @@ func (ec *engineConn) Event(c *tcp.Conn, ev tcp.Event) {
 		return
 	}
 	ec.conn = c
+	if ev == tcp.EventEstablished {
+		ec.tcpUp = true
+	}
 	ec.lock()
 	ec.llp.Event(c, ev)
 	ec.unlock()
@@ -357,10 +361,16 @@ func (ec *engineConn) startupErr(c *tcp.Conn) error {
 	switch {
 	case ec.llp.Rejected != nil:
 		err = &RejectedError{PrivateData: ec.llp.Rejected}
-	case err == nil && c.Err() != nil:
+	case err == nil && !ec.tcpUp && c.Err() != nil:
+		// Refused, or no answer to the SYN: the peer is unreachable.
 		err = fmt.Errorf("%w: %v", ErrUnreachable, c.Err())
+	case err == nil && c.Err() != nil:
+		// A peer that took the TCP connection and reset it during MPA
+		// startup was reached: it is not an iWARP peer that answers
+		// (the kernel datapath's readFrame sees the same).
+		err = fmt.Errorf("%w: %v", ddp.LLPConnectionLost, c.Err())
 	case err == nil:
-		err = fmt.Errorf("%w: connection closed during MPA startup", ErrUnreachable)
+		err = fmt.Errorf("%w: connection closed during MPA startup", ddp.LLPConnectionLost)
 	}
 	return err
 }
