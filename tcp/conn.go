@@ -61,7 +61,8 @@ type Conn struct {
 	rttTiming         bool
 	backoff           int // consecutive RTO expiries
 
-	// Timers: zero when off.
+	// Timers: zero when off. twAt ends TIME-WAIT, or bounds FIN-WAIT-2
+	// (Options.FinTimeout).
 	rtoAt, delackAt, keepAt, twAt Time
 	rtoKind                       rtoKind // what rtoAt is for
 	probes                        int     // window probes since the last ACK
@@ -504,6 +505,13 @@ func (c *Conn) nextTimer() Time {
 func (c *Conn) onTimer(now Time) {
 	if c.twAt != 0 && now >= c.twAt {
 		c.twAt = 0
+		if c.state == StateFinWait2 {
+			// The peer never closed its side (Options.FinTimeout):
+			// reset, as Linux does an orphaned FIN-WAIT-2 socket.
+			c.stack.queueRST(c.id, c.sndMax, c.rcvNxt(), true)
+			c.terminate(ErrTimedOut)
+			return
+		}
 		c.terminate(nil) // TIME-WAIT over (RFC 9293 §3.10.8)
 		return
 	}

@@ -156,6 +156,8 @@ func (c *Conn) input(now Time, seg *Segment) {
 		switch c.state {
 		case StateFinWait1:
 			c.state = StateFinWait2
+			c.twAt = now.Add(c.stack.opts.FinTimeout) // see onTimer
+			c.stack.timerChanged(c)
 		case StateClosing:
 			c.enterTimeWait(now)
 		case StateLastAck:

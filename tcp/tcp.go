@@ -179,6 +179,11 @@ type Options struct {
 	SynRetries, Retries int
 	// TimeWait is how long TIME-WAIT lasts, 2*MSL (default 60 s).
 	TimeWait time.Duration
+	// FinTimeout bounds FIN-WAIT-2: a peer that acknowledged our FIN
+	// and never sends its own is reset after it (default 60 s, Linux's
+	// tcp_fin_timeout); otherwise it would hold the connection, its port
+	// and its buffers for ever.
+	FinTimeout time.Duration
 	// KeepAlive turns keepalive on with KeepIdle, KeepInterval and
 	// KeepCount (defaults 2 h, 75 s, 9 as RFC 9293 §3.8.4 and Linux).
 	KeepAlive              bool
@@ -222,6 +227,7 @@ func (o *Options) setDefaults() {
 	def(&o.SynRetries, 6)
 	def(&o.Retries, 15)
 	defD(&o.TimeWait, 60*time.Second)
+	defD(&o.FinTimeout, 60*time.Second)
 	defD(&o.KeepIdle, 2*time.Hour)
 	defD(&o.KeepInterval, 75*time.Second)
 	def(&o.KeepCount, 9)
