@@ -142,7 +142,16 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		c.skipSacked()
 		unsent = c.snd.end().Sub(c.sndNxt)
 	}
-	unsent = c.fill(unsent, usable)
+	want := usable
+	if c.sndWnd == 0 && c.flight() == 0 && unsent == 0 {
+		// The window is shut and the data is still the Filler's: take a
+		// segment's worth into the buffer, or nothing would arm the
+		// persist timer and the window would never be probed (RFC 9293
+		// §3.8.6.1): a peer that never reopens it, or whose update is
+		// lost, would hold the connection for ever.
+		want = min(maxPayload, c.snd.free())
+	}
+	unsent = c.fill(unsent, want)
 	if unsent > 0 {
 		n := min(unsent, maxPayload, usable)
 		if n <= 0 {
