@@ -79,6 +79,13 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	}
 	deadline, _ := ctx.Deadline()
 	_ = conn.SetDeadline(deadline)
+	// A cancelled ctx (the consumer went away) ends the MPA exchange at
+	// once, and the peer sees a reset.
+	stop := context.AfterFunc(ctx, func() {
+		_ = conn.SetLinger(0)
+		_ = conn.SetDeadline(time.Unix(1, 0))
+	})
+	defer stop()
 	wire, _ := req.Append(nil)
 	if _, err := conn.Write(wire); err != nil {
 		conn.Close()
@@ -91,6 +98,14 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 			return nil, fmt.Errorf("connect %s: no MPA Reply: %w", raddr, err)
 		}
 		return nil, fmt.Errorf("connect %s: MPA Reply: %w", raddr, err)
+	}
+	if !stop() {
+		// ctx ended as the Reply came: the connection is being reset.
+		conn.Close()
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return nil, fmt.Errorf("connect %s: no MPA Reply: %w", raddr, ErrTimedOut)
+		}
+		return nil, fmt.Errorf("connect %s: %w", raddr, ctx.Err())
 	}
 	_ = conn.SetDeadline(time.Time{})
 	p, err := cfg.Complete(&reply)
@@ -217,6 +232,7 @@ type Listener struct {
 	// (ln is nil).
 	port  uint16
 	p     *xdpnet.Poller
+	el    *engineListener
 	addr  *net.TCPAddr
 	opts  ListenOptions
 	reqs  chan *ConnRequest

@@ -302,9 +302,10 @@ func (q *QP) Disconnect(graceful bool) {
 		if q.conn != nil {
 			// A transmit loop blocked in Write on a peer that stopped
 			// reading or acknowledging would see the abort only when
-			// the write ended: end it now, and its error path resets
-			// the connection.
-			_ = q.conn.SetWriteDeadline(time.Now())
+			// the write ended, and one waiting for the peer's FIN
+			// after a Terminate only at closeTimeout: end both now;
+			// the transmit loop then resets the connection.
+			_ = q.conn.SetDeadline(time.Now())
 		}
 	}
 	q.eng.Disconnect(graceful)
@@ -508,11 +509,23 @@ func (q *QP) txLoop() {
 		case ended:
 			// Graceful end, or after a Terminate: FIN, then wait a
 			// while for the peer's so the Terminate is delivered
-			// (RFC 5040 §6.2.1).
+			// (RFC 5040 §6.2.1) — unless the consumer aborts meanwhile
+			// (Disconnect ends the wait), which resets.
 			q.sendFIN()
-			_ = q.conn.SetReadDeadline(time.Now().Add(closeTimeout))
+			q.mu.Lock()
+			if !q.abort {
+				_ = q.conn.SetReadDeadline(time.Now().Add(closeTimeout))
+			}
+			q.unlock()
 			<-q.rxDone
-			_ = q.conn.Close()
+			q.mu.Lock()
+			abort := q.abort
+			q.unlock()
+			if abort {
+				q.abortConn()
+			} else {
+				_ = q.conn.Close()
+			}
 			return
 		case drained:
 			q.sendFIN()

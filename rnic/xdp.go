@@ -319,6 +319,13 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 	ec.conn = c
 	ec.lock()
 	ec.noteCPU()
+	if ec.q != nil && ec.q.abort {
+		// An abortive disconnect resets; EngineLLP.Fill would close
+		// the ended QP's connection with a FIN before serve ran.
+		ec.unlock()
+		c.Abort()
+		return 0
+	}
 	n := ec.llp.Fill(c, dst)
 	if ec.q != nil && !ec.finTimer && ec.q.eng.Drained() {
 		// A graceful disconnect has sent everything and EngineLLP.Fill
@@ -514,7 +521,8 @@ func (d *Device) listenEngine(addr string, opts ListenOptions) (*Listener, error
 	l := &Listener{dev: d, opts: opts, reqs: make(chan *ConnRequest, opts.Backlog), done: make(chan struct{}),
 		port: uint16(port), p: x.pollers[0]}
 	l.addr = &net.TCPAddr{IP: x.addr.AsSlice(), Port: int(port)}
-	if _, err = l.p.Listen(uint16(port), &engineListener{l: l}); err != nil {
+	l.el = &engineListener{l: l}
+	if _, err = l.p.Listen(uint16(port), l.el); err != nil {
 		return nil, fmt.Errorf("listen %s: %w", addr, err)
 	}
 	return l, nil
@@ -525,6 +533,9 @@ func (d *Device) listenEngine(addr string, opts ListenOptions) (*Listener, error
 type engineListener struct {
 	l  *Listener
 	tl *tcp.Listener // loop-owned: set by Listening before any SYN is steered
+	// starting are the connections accepted from tl whose MPA Request
+	// has not arrived; loop-owned.
+	starting map[*engineConn]struct{}
 }
 
 // Listening is xdpnet's hook: it runs on the loop with the TCP listener.
@@ -545,9 +556,14 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 	ec.conn, ec.id = c, c.ID()
 	ec.llp.OnRequest = func(_ *EngineLLP, f *mpa.Frame) { l.engineRequest(ec, f) }
 	c.SetHandler(ec)
+	if el.starting == nil {
+		el.starting = map[*engineConn]struct{}{}
+	}
+	el.starting[ec] = struct{}{}
 	// The Request must come within RequestTimeout.
 	time.AfterFunc(l.opts.RequestTimeout, func() {
 		l.p.Async(func() {
+			delete(el.starting, ec)
 			if ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready() {
 				c.Abort()
 			}
@@ -558,6 +574,9 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 // engineRequest runs on the loop with a passive connection's MPA Request:
 // it is queued for Accept like the kernel datapath's.
 func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
+	if l.el != nil {
+		delete(l.el.starting, ec)
+	}
 	id := ec.id
 	cr := &ConnRequest{l: l, ec: ec, PrivateData: clone(f.PrivateData),
 		RemoteAddr: &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)},
@@ -657,6 +676,16 @@ func (cr *ConnRequest) rejectEngine(private []byte) error {
 // closeEngine stops an accelerated-datapath listener.
 func (l *Listener) closeEngine() {
 	_ = l.p.CloseListener(l.port)
+	// Connections still in MPA startup have nobody to go to: reset them
+	// now rather than at their request timeout.
+	_ = l.p.Do(func(*tcp.Stack, tcp.Time) {
+		for ec := range l.el.starting {
+			if ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready() {
+				ec.conn.Abort()
+			}
+		}
+		clear(l.el.starting)
+	})
 }
 
 // addrs are an engine connection's local and remote addresses.
