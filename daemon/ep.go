@@ -47,6 +47,9 @@ type ep struct {
 	// the engine's terminal event that follows is not a connection's.
 	flushing bool
 	freeing  bool
+	// cancelConnect stops the EP's last connect if it still runs (the
+	// session ends, the QP goes); s.mu.
+	cancelConnect context.CancelFunc
 }
 
 type psp struct {
@@ -210,6 +213,10 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 
 // unconfigureEP drops the QP, rings and references; s.mu held.
 func (s *session) unconfigureEP(e *ep) {
+	if e.cancelConnect != nil {
+		e.cancelConnect()
+		e.cancelConnect = nil
+	}
 	unpoll(e)
 	if e.qp != nil {
 		s.owners.Delete(e.qp.QPN())
@@ -338,12 +345,15 @@ func (s *session) connect(req *ctl.Connect) error {
 	e.remote = ap.String()
 	q := e.qp
 	s.drainRQ(e) // receives posted before connecting, as at accept
+	ctx, cancel := context.WithCancel(context.Background())
+	e.cancelConnect = cancel
 	s.mu.Unlock()
 	timeout := time.Duration(req.TimeoutUS) * time.Microsecond
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}}
 	pdata := append([]byte(nil), req.PrivateData...)
 	go func() {
-		_, err := q.Connect(context.Background(), ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer})
+		defer cancel()
+		_, err := q.Connect(ctx, ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer})
 		if err != nil {
 			s.queue(pendingEvent{ep: e, connectErr: err})
 		}

@@ -13,10 +13,8 @@
 // requests on the CQ's CPU and the client's doorbell for them is the
 // poller's; and that poller forwards a DTO EVD's completions (evdSource).
 // Connection setup runs in short-lived goroutines whose results, like the
-// engine's connection events, are queued for the session's poller; an
-// ended session's listeners close in short-lived goroutines too, which
-// Close waits for (closeListener), and a connect still running is
-// cancelled. The
+// engine's connection events, are queued for the session's poller (a
+// connect still running when the session ends is cancelled). The
 // QP's receive loop (or its poller) also takes the client's queued
 // receives before the engine reads what arrived (takeQueuedRecvs). An
 // EP's ringMu makes its rings' consumers one, an EVD's its ring's
@@ -110,9 +108,6 @@ type Server struct {
 	nextSess uint32
 	closed   bool
 	loops    sync.WaitGroup
-	// closers are the listeners of ended sessions still closing (see
-	// session.close); Close waits for them.
-	closers sync.WaitGroup
 	// stopped is closed when Close has finished, for Serve to return
 	// only then: a daemon whose main returns with Serve must not exit
 	// before its connections are closed and its device released.
@@ -348,7 +343,6 @@ func (s *Server) Close() error {
 		sess.conn.Close()
 	}
 	s.loops.Wait()
-	s.closers.Wait()
 	// The watchdog runs until the loops have ended: a shutdown that
 	// hangs on one is logged too.
 	s.watch.stop()

@@ -677,6 +677,23 @@ func (s *session) waitDisconnected(deadline time.Time) {
 	}
 }
 
+// rejectPending answers the connection requests that reached the
+// session but that its poller had not made CRs of when the session ended
+// (the poller applies nothing once closing): nobody will, and the peer
+// must not wait for its request timeout. Call it once the accept loops
+// have ended.
+func (s *session) rejectPending() {
+	s.evMu.Lock()
+	pending := s.pending
+	s.pending = nil
+	s.evMu.Unlock()
+	for _, pe := range pending {
+		if pe.req != nil {
+			_ = pe.req.Reject(nil)
+		}
+	}
+}
+
 // close frees everything the session owned: connections are aborted (the
 // peers see a reset), listeners closed, requests rejected, memory unmapped.
 func (s *session) close() {
@@ -688,6 +705,9 @@ func (s *session) close() {
 	for _, o := range s.objects {
 		switch o := o.(type) {
 		case *ep:
+			if o.cancelConnect != nil {
+				o.cancelConnect() // a connect in progress stops at once
+			}
 			eps = append(eps, o)
 		case *psp:
 			psps = append(psps, o)
@@ -710,6 +730,7 @@ func (s *session) close() {
 	close(s.done)
 	s.doorbell.Close()
 	s.loops.Wait()
+	s.rejectPending()
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
