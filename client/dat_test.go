@@ -387,6 +387,21 @@ func TestDAT11And12Disconnect(t *testing.T) {
 	if s := state(t, cep); s != client.DisconnectedState {
 		t.Fatalf("%v", s)
 	}
+
+	// Abrupt: the side that asked sees DISCONNECTED too (the QP's own
+	// end is an abort), its outstanding sends flushed; the peer, whose
+	// connection was reset under it, sees BROKEN.
+	_, cep, _ = connectPair(t, server, cli, nil)
+	for i := 0; i < 8; i++ {
+		must(t, cep.PostSend(uint64(100+i), []client.Segment{{LMR: cli.lmr, Length: 4096}}, client.Signaled))
+	}
+	must(t, cep.Disconnect(false))
+	if ev := wait(t, cli.conn); ev.Conn != client.Disconnected {
+		t.Fatalf("client after its abrupt disconnect: %v", ev.Conn)
+	}
+	if ev := wait(t, server.conn); ev.Conn != client.Broken && ev.Conn != client.Disconnected {
+		t.Fatalf("server after the client's abrupt disconnect: %v", ev.Conn)
+	}
 }
 
 // 13. Disconnecting an UNCONNECTED EP flushes its receives; it stays

@@ -589,11 +589,15 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		if e.state == ctl.EPDisconnected || e.state == ctl.EPUnconnected {
 			return
 		}
-		e.state = ctl.EPDisconnected
+		// digest 003 rule 11: a disconnect the consumer asked for,
+		// graceful or abrupt, ends in DISCONNECTED, whatever the
+		// connection's own end was; BROKEN is for a connection that
+		// broke (reset, loss, protocol error) while CONNECTED.
 		ev2 := ctl.EvDisconnected
-		if ev.Kind == rnic.Broken {
+		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending {
 			ev2 = ctl.EvBroken
 		}
+		e.state = ctl.EPDisconnected
 		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2})
 		if e.freeing {
 			s.dropEP(e)
