@@ -9,6 +9,19 @@
 // QP's mutex around engine calls and never hold it across a system call.
 // A Listener has one accept loop that reads MPA Requests and hands
 // connection requests to the consumer.
+//
+// On the accelerated datapath a QP's connection is an engineConn, the
+// Handler the TCP engine calls on the poller that owns it (xdp.go).
+//
+// Callbacks and locks. No callback re-enters a lock its caller holds:
+//   - the TCP engine calls Handlers only from the poller's Input, Advance
+//     and Output, never from a Conn method and never nested (tcp/events.go),
+//     so engineConn may take the QP's mutex in its callbacks, and code that
+//     holds that mutex may call any Conn method;
+//   - the QP engine's events, raised under the QP's mutex, are queued and
+//     handed to the consumer (OnEvent, Events) by QP.unlock after the mutex
+//     is released, in order;
+//   - a CQ's Handler runs under the QP's mutex and may only wake a poller.
 package rnic
 
 import (

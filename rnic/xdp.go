@@ -199,7 +199,10 @@ func (d *Device) Pollers() []*xdpnet.Poller {
 // engineConn is a QP's connection on the accelerated datapath: the
 // tcp.Handler and tcp.Filler of the TCP connection, called on the poller
 // that owns it, with the QP's mutex held around the engines (the consumer
-// posts work from other goroutines under the same mutex).
+// posts work from other goroutines under the same mutex). The TCP engine
+// never calls it from inside a call that holds that mutex (see the package
+// comment), and what the QP posts meanwhile is delivered once it is
+// released.
 type engineConn struct {
 	// pl is the poller that owns the connection; it changes once, when
 	// Accept moves a passive connection to its QP's poller.
