@@ -297,7 +297,13 @@ func (q *QP) wake() {
 // then FIN) or abortively (RST, everything flushed).
 func (q *QP) Disconnect(graceful bool) {
 	q.mu.Lock()
-	if !graceful {
+	// A connection that already ended in order (Disconnected: the
+	// peer's FIN came and ours is queued, digest 004 §6) has nothing
+	// left to abort: its LLP finishes the close on its own timers, as a
+	// socket Linux siw releases does. Resetting it instead would throw
+	// away our FIN if it is not yet sent or acknowledged, and the peer,
+	// which did nothing wrong, would end Broken.
+	if !graceful && !q.closedInOrderLocked() {
 		q.abort = true
 		if q.conn != nil {
 			// A transmit loop blocked in Write on a peer that stopped
@@ -316,6 +322,9 @@ func (q *QP) Disconnect(graceful bool) {
 		ec.kick()
 	}
 }
+
+// closedInOrderLocked: the connection ended with Disconnected; q.mu held.
+func (q *QP) closedInOrderLocked() bool { return q.eng.Ended() && q.eng.State() == qp.Idle }
 
 // Reset returns a QP whose connection ended to a fresh, unconnected state
 // (DAT ep_reset), once its loops are done.
@@ -343,17 +352,17 @@ func (q *QP) Reset() error {
 	return nil
 }
 
-// Destroy aborts the connection if any, waits for its loops to end, and
-// frees the QP.
+// Destroy aborts the connection if any (one that ended in order is left
+// to finish its close), waits for its loops to end, and frees the QP.
 func (q *QP) Destroy() {
 	q.destroyOnce.Do(func() {
 		q.Disconnect(false)
 		q.loops.Wait()
 		q.mu.Lock()
-		ec := q.ec
+		ec, abort := q.ec, q.abort
 		q.unlock()
 		if ec != nil {
-			ec.detach(true)
+			ec.detach(abort)
 		}
 		q.dev.mu.Lock()
 		delete(q.dev.qps, q.qpn)

@@ -264,19 +264,40 @@ type discard struct{}
 func (discard) Receive(c *tcp.Conn, b []byte) int { return len(b) }
 func (discard) Event(*tcp.Conn, tcp.Event)        {}
 
-// detach lets go of the connection on the loop, resetting it first if
-// abort; after it the QP may be reset and reused.
+// detach lets go of the connection on the loop, resetting it if abort;
+// otherwise the TCP engine finishes the close alone: our FIN, queued now if
+// the peer's came in this same turn (CLOSE-WAIT), is sent and retransmitted
+// on the engine's timers until acknowledged (LAST-ACK, CLOSING), for at
+// most orphanTimeout. In TIME-WAIT nothing of ours is outstanding, and the
+// connection goes at once (RFC 9293 §3.10.5 allows ABORT there) so that
+// its local port is free. After detach the QP may be reset and reused.
 func (ec *engineConn) detach(abort bool) {
 	_ = ec.poller().Do(func(*tcp.Stack, tcp.Time) {
 		ec.dead = true
-		if c := ec.conn; c != nil {
-			if abort {
-				c.Abort()
-			}
-			c.SetHandler(discard{})
+		c := ec.conn
+		if c == nil {
+			return
 		}
+		c.SetHandler(discard{})
+		if abort || c.State() == tcp.StateTimeWait {
+			c.Abort()
+			return
+		}
+		c.Close()
+		p := ec.poller()
+		time.AfterFunc(orphanTimeout, func() {
+			p.Async(func() {
+				if c.State() != tcp.StateClosed {
+					c.Abort()
+				}
+			})
+		})
 	})
 }
+
+// orphanTimeout bounds how long a connection whose QP is gone keeps
+// sending its FIN: the peer gives us closeTimeout for it.
+const orphanTimeout = closeTimeout
 
 func (ec *engineConn) lock() {
 	if ec.q != nil {

@@ -5,18 +5,23 @@ package systest
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	stdnet "net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/pcap"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 )
@@ -419,4 +424,138 @@ func twoXDPDaemons(t *testing.T) (net *topology.Pair, dir, sockA, sockB string, 
 	startDaemon(t, dir, net.A, sockA, "--datapath", "xdp")
 	db = startDaemon(t, dir, net.B, sockB, "--datapath", "xdp")
 	return net, dir, sockA, sockB, db
+}
+
+// A server that exits as soon as its connection is Disconnected still
+// completes the TCP close it owes: the client's FIN was answered with the
+// server's, and if that one is lost, the server's daemon must send it again.
+// Here the server's first FIN never reaches the client's host (a tc filter
+// on A's link drops every FIN from the server's port until the server has
+// exited); once the filter is gone, B's retransmission must reach A, and the
+// connection ends in order on the wire: the server's FIN seen again, no RST
+// from either side, the client disconnected well within the 5 s A's daemon
+// waits for a peer's FIN before it resets the connection.
+//
+// Seen on the lossy link of TestTwoHostsXDP under load: the exiting
+// server's QP was destroyed a millisecond after the client's FIN, Destroy
+// aborted the connection, and a TCP ABORT in LAST-ACK deletes the
+// connection and sends nothing (RFC 9293 §3.10.5), so the lost FIN was
+// never sent again: A's daemon reset the connection after 5 s, or B's stack
+// reset A's retransmitted FIN, and the client's disconnect ended BROKEN
+// (since a335307 the daemon reports the disconnect the client asked for as
+// DISCONNECTED whatever its end, so the wire is what tells). The client's
+// host runs the kernel datapath so that the filter (tc ingress, before the
+// kernel's TCP) sees B's segments; B runs the accelerated datapath.
+func TestServerExitCompletesTheClose(t *testing.T) {
+	testenv.RequireRoot(t)
+	testenv.RequireTool(t, "tc")
+	testenv.RequireTool(t, "tcpdump")
+	net := topology.NewTest(t, topology.Options{})
+	dir := t.TempDir()
+	build(t, dir)
+	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
+	startDaemon(t, dir, net.A, sockA)
+	startDaemon(t, dir, net.B, sockB, "--datapath", "xdp", "--xdp-mode", "native")
+
+	const port = 24100
+	run := func(name string, args ...string) string {
+		t.Helper()
+		out, err := net.A.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	// What is redirected to a device that is down is dropped. The
+	// server's segments carry no IP options (its engine sends none), so
+	// TCP's flags are at offset 33. tcpdump sees the dropped FIN too: it
+	// taps the link before tc ingress.
+	run("ip", "link", "add", "sink0", "type", "veth", "peer", "name", "sink1")
+	run("tc", "qdisc", "add", "dev", net.A.Link, "clsact")
+	run("tc", "filter", "add", "dev", net.A.Link, "ingress", "protocol", "ip", "pref", "1", "u32",
+		"match", "u8", "0x06", "0xff", "at", "9", // TCP
+		"match", "u16", fmt.Sprint(port), "0xffff", "at", "20", // from the server's port
+		"match", "u8", "0x01", "0x01", "at", "33", // FIN
+		"action", "mirred", "egress", "redirect", "dev", "sink0")
+	pcapPath := filepath.Join(dir, "close.pcap")
+	cap, err := capture.Start(net.A, net.A.Link, fmt.Sprintf("tcp port %d", port), pcapPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	srv := startServer(t, net.B.Command("timeout", "60", filepath.Join(dir, "softrnic-example"), "server", "--socket", sockB,
+		"--port", fmt.Sprint(port), "--size", fmt.Sprint(1<<20)), "server: listening")
+	cli := net.A.Command("timeout", "60", filepath.Join(dir, "softrnic-example"), "client", "--socket", sockA,
+		"--server", fmt.Sprintf("%s:%d", net.B.Addr.Addr(), port), "--size", fmt.Sprint(1<<20))
+	var cliOut bytes.Buffer
+	cli.Stdout, cli.Stderr = &cliOut, &cliOut
+	if err := cli.Start(); err != nil {
+		t.Fatal(err)
+	}
+	cliDone := make(chan error, 1)
+	go func() { cliDone <- cli.Wait() }()
+	if err := srv.Wait(); err != nil || !strings.Contains(srv.out.String(), "disconnected, done") {
+		t.Fatalf("server: %v\n%s", err, srv.out.String())
+	}
+	exited := time.Now()
+	stats := run("tc", "-s", "filter", "show", "dev", net.A.Link, "ingress")
+	run("tc", "filter", "del", "dev", net.A.Link, "ingress", "pref", "1")
+	dropped := 0
+	if m := regexp.MustCompile(`Sent \d+ bytes (\d+) pkt`).FindStringSubmatch(stats); m != nil {
+		dropped, _ = strconv.Atoi(m[1])
+	}
+	if dropped == 0 {
+		t.Fatalf("the filter dropped no FIN from the server: the test did not exercise the loss\n%s", stats)
+	}
+	err = <-cliDone
+	took := time.Since(exited)
+	if err != nil || !strings.Contains(cliOut.String(), "disconnected, done") {
+		t.Fatalf("client, %v after the server exited: %v\n%s", took.Round(time.Millisecond), err, cliOut.String())
+	}
+	if err := cap.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	serverFINs, resets := closeSegments(t, pcapPath, port)
+	if serverFINs <= dropped || len(resets) > 0 {
+		t.Errorf("the server sent its FIN %d times (%d dropped), resets %v: the close did not complete in order", serverFINs, dropped, resets)
+	}
+	if took > 4*time.Second {
+		t.Errorf("the client was disconnected %v after the server exited: the server's FIN was not sent again", took.Round(time.Millisecond))
+	}
+	t.Logf("the server's FIN sent %d times, %d dropped; the client was disconnected %v after the server exited",
+		serverFINs, dropped, took.Round(time.Millisecond))
+}
+
+// closeSegments reads a capture of one connection: how many segments from
+// port carried a FIN, and the source of every RST.
+func closeSegments(t *testing.T, path string, port uint16) (fins int, resets []string) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rd, err := pcap.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		p, err := rd.Next()
+		if errors.Is(err, io.EOF) {
+			return fins, resets
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		seg, err := pcap.DecodeTCP(rd.LinkType, p)
+		if err != nil {
+			continue
+		}
+		if seg.Flags&pcap.FlagFIN != 0 && seg.Src.Port() == port {
+			fins++
+		}
+		if seg.Flags&pcap.FlagRST != 0 {
+			resets = append(resets, seg.Src.String())
+		}
+	}
 }

@@ -207,8 +207,11 @@ func runServer(ctx context.Context, socket string, port uint16, size int) error 
 				return err
 			}
 		case msg == "bye":
+			// How long the event took tells a reset (at once) from a
+			// close the peer did not complete (the daemon's timeout).
+			bye := time.Now()
 			if c, err := a.waitConn(ctx); err != nil || c != client.Disconnected {
-				return fmt.Errorf("disconnect: %v %v", c, err)
+				return fmt.Errorf("disconnect: %v %v, %v after the client's bye", c, err, time.Since(bye).Round(time.Millisecond))
 			}
 			fmt.Println("server: disconnected, done")
 			return nil
@@ -298,11 +301,12 @@ func runClient(ctx context.Context, socket, server string, size int) error {
 	if err := a.sendMsg(ctx, "bye"); err != nil {
 		return err
 	}
+	disconnect := time.Now()
 	if err := a.ep.Disconnect(true); err != nil {
 		return err
 	}
 	if c, err := a.waitConn(ctx); err != nil || c != client.Disconnected {
-		return fmt.Errorf("disconnect: %v %v", c, err)
+		return fmt.Errorf("disconnect: %v %v, %v after Disconnect", c, err, time.Since(disconnect).Round(time.Millisecond))
 	}
 	fmt.Println("client: disconnected, done")
 	return nil
