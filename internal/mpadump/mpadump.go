@@ -89,6 +89,10 @@ type Dir struct {
 	conn   *Conn
 }
 
+// Retransmitted is the number of octets of this direction that the
+// capture holds more than once (TCP retransmissions).
+func (d *Dir) Retransmitted() uint64 { return d.tcp.Retransmitted() }
+
 type unit struct {
 	end    uint64
 	packet int

@@ -50,6 +50,9 @@ type conn struct {
 	mutate func(up, down []byte) ([]byte, []byte)
 	// dropAt removes the segment covering this client->server offset.
 	dropAt int
+	// dup counts the octets capture sent twice, client->server
+	// ([false]) and server->client ([true]).
+	dup map[bool]int
 }
 
 // streams encodes both directions as their senders would.
@@ -89,6 +92,7 @@ func capture(t *testing.T, seed uint64, cs ...conn) []byte {
 	rng := rand.New(rand.NewPCG(seed, 3))
 	for i := range cs {
 		c := &cs[i]
+		c.dup = map[bool]int{}
 		up, down := c.streams(t)
 		src := netip.AddrPortFrom(cli.Addr(), cli.Port()+uint16(i))
 		ci, si := rng.Uint32(), rng.Uint32()
@@ -107,6 +111,7 @@ func capture(t *testing.T, seed uint64, cs ...conn) []byte {
 				rest = append(rest, pcap.Segment{Src: from, Dst: to, Seq: isn + 1 + uint32(off), Flags: pcap.FlagACK, Payload: b[off : off+n]})
 				if rng.IntN(6) == 0 {
 					rest = append(rest, pcap.Segment{Src: from, Dst: to, Seq: isn + 1 + uint32(off), Flags: pcap.FlagACK, Payload: b[off : off+n]})
+					c.dup[from == srv] += n
 				}
 				off += n
 			}
@@ -186,6 +191,17 @@ func TestEveryFPDUDecoded(t *testing.T) {
 			}
 			if c.ToServer.Partial || c.ToClient.Partial {
 				t.Fatalf("seed %d conn %d: partial FPDU reported", seed, i)
+			}
+			// Both copies of a segment that arrive ahead of a hole
+			// are held once and not counted: at most what was
+			// repeated, and something when anything was.
+			for _, d := range []struct {
+				got      uint64
+				repeated int
+			}{{c.ToServer.Retransmitted(), cs[i].dup[false]}, {c.ToClient.Retransmitted(), cs[i].dup[true]}} {
+				if d.got > uint64(d.repeated) || (d.got == 0) != (d.repeated == 0) {
+					t.Fatalf("seed %d conn %d: %d octets reported retransmitted, the capture repeated %d", seed, i, d.got, d.repeated)
+				}
 			}
 		}
 		if got := rep.Conns[1].ToClient.Terminates; len(got) != 1 || got[0] != ddp.RDMAPAccessRights {
