@@ -391,7 +391,13 @@ func TestDAT11And12Disconnect(t *testing.T) {
 	// Abrupt: the side that asked sees DISCONNECTED too (the QP's own
 	// end is an abort), its outstanding sends flushed; the peer, whose
 	// connection was reset under it, sees BROKEN.
-	_, cep, _ = connectPair(t, server, cli, nil)
+	_, cep, _ = connectPair(t, server, cli, func(sep, _ *client.EP) {
+		// Receives for the Sends: without, the server would end the
+		// connection with a Terminate before the client's disconnect.
+		for i := 0; i < 8; i++ {
+			must(t, sep.PostRecv(uint64(200+i), []client.Segment{{LMR: server.lmr, Offset: uint64(i) * 4096, Length: 4096}}))
+		}
+	})
 	for i := 0; i < 8; i++ {
 		must(t, cep.PostSend(uint64(100+i), []client.Segment{{LMR: cli.lmr, Length: 4096}}, client.Signaled))
 	}
