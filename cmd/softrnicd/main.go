@@ -2,6 +2,11 @@
 // network interface and serves applications on a Unix socket.
 //
 //	softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--napi MODE] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]
+//	softrnicd --stats (--iface IFACE | --socket PATH)
+//
+// --stats prints the statistics of the daemon running on that socket (its
+// sessions, this one included, its objects, and the stalls its watchdog
+// logged) and exits.
 package main
 
 import (
@@ -28,9 +33,17 @@ func main() {
 	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
 	napi := flag.String("napi", "auto", "where the kernel runs the interface's receive work on the xdp datapath: auto (adaptive on veth, keep elsewhere), adaptive (threaded NAPI while a stream arrives), threaded, softirq or keep")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
+	stats := flag.Bool("stats", false, "print the statistics of the daemon running on --socket (or --iface's socket) and exit")
 	flag.Parse()
+	if *stats && flag.NArg() == 0 && (*iface != "" || *socket != "") {
+		if err := printStats(os.Stdout, *socket, *iface); err != nil {
+			fmt.Fprintf(os.Stderr, "softrnicd --stats: %v\n", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *iface == "" || flag.NArg() != 0 {
-		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--napi MODE] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]")
+		fmt.Fprintln(os.Stderr, "usage: softrnicd --iface IFACE [--datapath kernel|xdp] [--xdp-mode auto|native|generic] [--napi MODE] [--cpus LIST] [--socket PATH] [--pollers N] [--log-level L]\n       softrnicd --stats (--iface IFACE | --socket PATH)")
 		os.Exit(2)
 	}
 	var lv slog.Level

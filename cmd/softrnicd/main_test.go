@@ -141,3 +141,27 @@ func TestSIGTERMClosesGracefully(t *testing.T) {
 		t.Fatalf("socket after SIGTERM: %v", err)
 	}
 }
+
+// --stats prints the running daemon's statistics, the watchdog's stall
+// count among them; against no daemon it fails with a message.
+func TestStatsFlag(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	must(t, err)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	defer func() { srv.Close(); <-done }()
+	out, err := run(t, "--stats --socket "+sock).CombinedOutput()
+	if err != nil {
+		t.Fatalf("--stats: %v: %s", err, out)
+	}
+	for _, want := range []string{"sessions 1\n", "ep 0\n", "stalls 0\n"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("--stats printed %q, want a line %q", out, want)
+		}
+	}
+	out, err = run(t, "--stats --socket "+filepath.Join(t.TempDir(), "none.sock")).CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "softrnicd --stats:") {
+		t.Fatalf("--stats without a daemon: %v %s", err, out)
+	}
+}
