@@ -64,7 +64,10 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	}
 	nc, err := d.DialContext(ctx, "tcp", raddr)
 	if err != nil {
-		if ctx.Err() != nil {
+		// The dialer times out at the context's deadline, which can be
+		// a moment before the context itself says so.
+		var ne net.Error
+		if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
 			return nil, fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
 		}
 		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
