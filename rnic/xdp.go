@@ -343,9 +343,12 @@ func (ec *engineConn) Fill(c *tcp.Conn, dst []byte) int {
 	ec.conn = c
 	ec.lock()
 	ec.noteCPU()
-	if ec.q != nil && ec.q.abort {
+	if ec.q != nil && ec.q.ec == ec && ec.q.abort {
 		// An abortive disconnect resets; EngineLLP.Fill would close
-		// the ended QP's connection with a FIN before serve ran.
+		// the ended QP's connection with a FIN before serve ran. (A
+		// connection the QP let go of — a failed active open whose
+		// Terminate and FIN are still going out — is not the QP's
+		// to reset.)
 		ec.unlock()
 		c.Abort()
 		return 0
