@@ -92,6 +92,10 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	wire, _ := req.Append(nil)
 	if _, err := conn.Write(wire); err != nil {
 		conn.Close()
+		if errors.Is(ioErr(err), ErrTimedOut) || ctx.Err() != nil {
+			// The deadline (or a cancel) came as the Request went out.
+			return nil, fmt.Errorf("connect %s: send MPA Request: %w", raddr, ErrTimedOut)
+		}
 		return nil, fmt.Errorf("connect %s: send MPA Request: %w: %v", raddr, ErrUnreachable, err)
 	}
 	reply, err := readFrame(conn, true)
