@@ -389,6 +389,12 @@ func (ec *engineConn) Event(c *tcp.Conn, ev tcp.Event) {
 	}
 }
 
+// awaitingRequest: a passive connection whose MPA Request has not come
+// (nor has startup failed); loop-owned state.
+func (ec *engineConn) awaitingRequest() bool {
+	return ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready()
+}
+
 // startupErr is why an active open's MPA startup failed.
 func (ec *engineConn) startupErr(c *tcp.Conn) error {
 	err := ec.llp.Err
@@ -591,7 +597,7 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 	time.AfterFunc(l.opts.RequestTimeout, func() {
 		l.p.Async(func() {
 			delete(el.starting, ec)
-			if ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready() {
+			if ec.awaitingRequest() {
 				c.Abort()
 			}
 		})
@@ -707,7 +713,7 @@ func (l *Listener) closeEngine() {
 	// now rather than at their request timeout.
 	_ = l.p.Do(func(*tcp.Stack, tcp.Time) {
 		for ec := range l.el.starting {
-			if ec.req == nil && ec.llp.Err == nil && !ec.llp.Ready() {
+			if ec.awaitingRequest() {
 				ec.conn.Abort()
 			}
 		}
