@@ -8,6 +8,16 @@ import (
 	"github.com/softrnic/softrnic/xsk"
 )
 
+const (
+	// rxBatch is the most RX descriptors taken per turn of the loop,
+	// txBatch the most segments produced per TX ring reservation.
+	rxBatch = 64
+	txBatch = 64
+	// frameHeaders are the Ethernet and IPv4 (no options) headers in
+	// front of each TCP segment sent.
+	frameHeaders = header.EthernetLen + header.IPv4MinLen
+)
+
 // receive drains up to rxBatch frames from the RX ring into the Stack and
 // gives their frames back to the fill ring. It reports whether it took any.
 // A frame belongs to the loop from Peek until it is back on the RX free

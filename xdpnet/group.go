@@ -1,8 +1,6 @@
 package xdpnet
 
 import (
-	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -200,82 +198,4 @@ func (p *Poller) receiveHandoffs(now tcp.Time) bool {
 		}
 	}
 	return work
-}
-
-// ErrGone: the connection to move is no longer there.
-var ErrGone = errors.New("xdpnet: connection gone")
-
-// Move carries the established connection id from p to another poller of
-// its Group, and then runs then on that poller's loop with the connection.
-// Segments that arrive meanwhile are dropped (TCP retransmits them). Call
-// it from another goroutine than the two loops.
-func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error {
-	g := p.cfg.Group
-	if g == nil || to.cfg.Group != g {
-		return errors.New("xdpnet: move: pollers not of one group")
-	}
-	if to == p {
-		var err error
-		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
-			if c := s.Lookup(id); c != nil {
-				then(c)
-			} else {
-				err = fmt.Errorf("xdpnet: move %v: %w", id, ErrGone)
-			}
-		}); derr != nil {
-			return derr
-		}
-		return err
-	}
-	var c *tcp.Conn
-	var f *flow
-	var err error
-	if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
-		c = s.Lookup(id)
-		if c == nil {
-			err = fmt.Errorf("xdpnet: move %v: %w", id, ErrGone)
-			return
-		}
-		g.setMoving(id, true)
-		if err = s.Detach(c); err != nil {
-			g.setMoving(id, false)
-			return
-		}
-		f = p.flows[id]
-		delete(p.flows, id)
-	}); derr != nil {
-		return derr
-	}
-	if err != nil {
-		return err
-	}
-	if derr := to.Do(func(s *tcp.Stack, _ tcp.Time) {
-		err = s.Adopt(c)
-		if err == nil {
-			if f != nil {
-				to.flows[id] = f
-			}
-			g.setOwner(id, to)
-			then(c)
-			g.setMoving(id, false)
-		}
-	}); derr != nil {
-		err = derr
-	}
-	if err != nil {
-		// The connection stays where it was, flow and all. Its segments
-		// are dropped (moving) until p has it back: p's Stack without it
-		// would answer them with resets.
-		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
-			if s.Adopt(c) == nil && f != nil {
-				p.flows[id] = f
-			} else if f != nil {
-				p.removeFlow(id, f)
-			}
-			g.setMoving(id, false)
-		}); derr != nil {
-			g.setMoving(id, false)
-		}
-	}
-	return err
 }

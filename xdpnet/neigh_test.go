@@ -114,11 +114,83 @@ func TestNeighboursFollowKernel(t *testing.T) {
 }
 
 // linkOf is h's veth interface.
-func linkOf(t *testing.T, h topology.Host) *net.Interface {
+func linkOf(t testing.TB, h topology.Host) *net.Interface {
 	t.Helper()
 	ifi, err := h.Interface()
 	if err != nil {
 		t.Fatal(err)
 	}
 	return ifi
+}
+
+// BenchmarkNeigh measures the resolution path as the loop runs it, from
+// B towards A over the test pair:
+//   - Hit: the MAC of the peer the last segment went to, the lookup of
+//     every segment transmit sends;
+//   - Alternate: two peers in turn, each a cache hit;
+//   - Refresh: every lookup finds its entry expired and asks the kernel
+//     for the route and the neighbour, what each peer costs every
+//     neighbourTTL and what Connect costs for a new peer;
+//   - Follow: a drain of the notifications with none pending, every
+//     sweep (100 ms).
+func BenchmarkNeigh(b *testing.B) {
+	tp := topology.NewTest(b, topology.Options{})
+	off := OffLinkPeer(b, tp)
+	var n *neighbours
+	if err := tp.B.Do(func() (err error) {
+		n, err = newNeighbours(linkOf(b, tp.B).Index)
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	defer n.close()
+	peer := tp.A.Addr.Addr()
+	now := tcp.Time(time.Second)
+	resolved := false
+	for range 200 {
+		now += tcp.Time(retrigger)
+		_ = tp.B.Do(func() error { _, resolved = n.lookup(now, peer); return nil })
+		if resolved {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !resolved {
+		b.Fatalf("%v not resolved", peer)
+	}
+	// A permanent entry: Refresh must not depend on the kernel's timers.
+	ip(b, tp.B, "neigh", "replace", peer.String(), "lladdr", linkOf(b, tp.A).HardwareAddr.String(), "dev", tp.B.Link, "nud", "permanent")
+	check := func(b *testing.B, addr netip.Addr) {
+		if _, ok := n.lookup(now, addr); !ok {
+			b.Fatalf("lookup of %v failed", addr)
+		}
+	}
+	b.Run("Hit", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			check(b, peer)
+		}
+	})
+	b.Run("Alternate", func(b *testing.B) {
+		b.ReportAllocs()
+		addrs := [2]netip.Addr{peer, off}
+		i := 0
+		for b.Loop() {
+			check(b, addrs[i&1])
+			i++
+		}
+	})
+	b.Run("Refresh", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			now += tcp.Time(neighbourTTL)
+			check(b, peer)
+		}
+	})
+	b.Run("Follow", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n.follow()
+		}
+	})
 }

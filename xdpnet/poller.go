@@ -11,21 +11,43 @@
 // neighbour cache, the flows and listen ports it registered with the
 // steering program and the kernel sockets that reserve their ports.
 //
-// Other goroutines hand it work with Do (and Listen, Connect, CloseListener,
-// which use Do): the call goes on a bounded channel and an eventfd wakes the
-// loop if it sleeps; the caller waits until the function ran on the loop.
-// Handlers run on the loop and must not call Do (it would wait for itself).
+// Other goroutines reach the loop through the calls of calls.go. Do runs
+// a function on the loop and waits for it: the call goes on a bounded
+// channel and an eventfd wakes the loop if it sleeps. Listen,
+// CloseListener, Connect, Move, AddSource and RemoveSource are Do calls.
+// Async queues a function and returns at once. Handlers run on the loop
+// and must not call Do (it would wait for itself); they may call Async.
+// A Source (an application's rings in shared memory) is polled by the
+// loop itself, and its producer rings the Doorbell, the same eventfd,
+// only when the loop sleeps. The pollers of a Group hand each other the
+// frames of flows they do not own through single-producer rings
+// (group.go). The package itself starts goroutines only in napi.go
+// (StartNAPI, and NAPIControl in adaptive mode).
 //
-// One turn of the loop: take Do calls; drain up to a batch of the RX ring
-// (Ethernet → IPv4 header and checksum → Stack.Input) and refill the fill
-// ring; fire due timers (Stack.Advance); recycle completed TX frames; drain
-// Stack.Output into TX frames (Ethernet and IPv4 headers in front, the
-// destination MAC from the neighbour cache) and kick the kernel when the
-// TX ring asks for it. While a turn finds work, and for Config.Spin after
-// the last that did, the loop goes round again at once; then it sleeps in
-// ppoll(2) on the socket and the eventfd until a frame arrives, a call
-// comes, or the next TCP timer is due. A 2-core host cannot afford blind
-// busy-polling: the kernel's softirq and the applications need the core.
+// One turn of the loop (loop.go): take Do calls; poll the Sources and run
+// the Async functions; drain up to a batch of the RX ring (Ethernet → IPv4
+// header and checksum → Stack.Input) and refill the fill ring, then the
+// frames other pollers handed over; fire due timers (Stack.Advance);
+// recycle completed TX frames; drain Stack.Output into TX frames (Ethernet
+// and IPv4 headers in front, the destination MAC from the neighbour cache)
+// and kick the kernel when the TX ring asks for it; every sweepInterval,
+// follow the kernel's neighbour and route changes, sweep the flows and
+// publish the Stats. While a turn finds work, and for a spin after the
+// last that did (adapting up to Config.Spin), the loop goes round again at
+// once; then it sleeps in ppoll(2) on the socket and the eventfd until a
+// frame arrives, a call comes, or the next TCP timer is due. A 2-core host
+// cannot afford blind busy-polling: the kernel's softirq and the
+// applications need the core.
+//
+// # Files
+//
+// poller.go: Config, NewPoller, Close. loop.go: Run, the turn, sleeping
+// and spinning. calls.go: what other goroutines call. datapath.go: frames
+// between the rings and the Stack. ports.go: steering and port
+// reservations. neigh.go: neighbours and routes. group.go: the pollers of
+// one interface. interface.go: what makes an interface usable. stats.go:
+// the counters. stall.go: the watchdog's side. napi.go: the kernel's NAPI
+// threading. The ethtool requests are internal/ethtool's.
 //
 // # Steering and ports
 //
@@ -37,8 +59,9 @@
 // local port (bind to port 0 of a TCP socket, kept bound), adds the flow,
 // then connects the Stack from that port. A flow whose connection has left
 // the Stack (after TIME-WAIT, a reset or an abort) is removed from the map
-// and its reservation socket closed, by a sweep that runs at most every
-// 100 ms while the Stack has fewer connections than the poller has flows.
+// and its reservation socket closed, by a sweep of the flows every
+// sweepInterval (100 ms); a passive flow whose connection never appeared
+// (a SYN answered with a cookie and no ACK) goes after synGrace.
 // Connections must be opened through the Poller's methods, not
 // Stack.Listen or Stack.Connect directly, or none of this happens.
 //
@@ -46,17 +69,17 @@
 //
 // The destination MAC of a segment is the kernel's neighbour entry for its
 // destination, read with an RTM_GETNEIGH netlink request and cached for
-// neighbourTTL. When the kernel has none, the poller sends an empty UDP
-// datagram to the peer's discard port from a kernel socket, which makes
-// the kernel resolve it (its ARP replies are not TCP, so the steering
-// program passes them to the kernel), and drops the segment: TCP
-// retransmits it. Connect resolves before it sends the SYN. A peer off the
-// link is reached through the gateway of the kernel's route to it
-// (RTM_GETROUTE); a peer the kernel routes through another interface is
-// refused. Changes are followed: a second netlink socket subscribed to
-// neighbour and route notifications is drained every sweep, and what
-// changed is read again at its next use (everything is read again after
-// neighbourTTL anyway).
+// neighbourTTL (neigh.go, on github.com/vishvananda/netlink). When the
+// kernel has none, the poller sends an empty UDP datagram to the peer's
+// discard port from a kernel socket, which makes the kernel resolve it
+// (its ARP replies are not TCP, so the steering program passes them to the
+// kernel), and drops the segment: TCP retransmits it. Connect resolves
+// before it sends the SYN. A peer off the link is reached through the
+// gateway of the kernel's route to it (RTM_GETROUTE); a peer the kernel
+// routes through another interface is refused. Changes are followed: a
+// netlink socket subscribed to neighbour and route notifications is
+// drained every sweep, and what changed is read again at its next use
+// (everything is read again after neighbourTTL anyway).
 //
 // # Offloads
 //
@@ -65,7 +88,9 @@
 // features). The Stack drops the segments with bad checksums; Stats counts
 // them (BadTCPChecksum, BadIPChecksum), and a transfer that stalls with
 // those counters rising means the peer's offloads must go off
-// (`ethtool -K <peer> tx off tso off gso off`).
+// (`ethtool -K <peer> tx off tso off gso off`); Config.Warn is told once.
+// Generic XDP runs after GRO and would see coalesced super-packets: Check
+// and NewPoller refuse it on an interface with GRO or LRO on.
 //
 // # Stalls
 //
@@ -79,22 +104,17 @@
 package xdpnet
 
 import (
-	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/bpf"
-	"github.com/softrnic/softrnic/header"
 	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/tcp"
 	"github.com/softrnic/softrnic/xsk"
@@ -109,6 +129,8 @@ var (
 	ErrInterface = errors.New("xdpnet: interface not usable")
 	// ErrNoNeighbour: the peer's link-layer address could not be resolved.
 	ErrNoNeighbour = errors.New("xdpnet: neighbour not resolved")
+	// ErrGone: the connection to move is no longer there.
+	ErrGone = errors.New("xdpnet: connection gone")
 )
 
 // Config describes a Poller.
@@ -153,64 +175,8 @@ type Config struct {
 	Group *Group
 }
 
-const (
-	frameSize = 4096
-	// rxBatch is the most RX descriptors taken per turn of the loop,
-	// txBatch the most segments produced per TX ring reservation.
-	rxBatch = 64
-	txBatch = 64
-	// frameHeaders are the Ethernet and IPv4 (no options) headers in
-	// front of each TCP segment sent.
-	frameHeaders = header.EthernetLen + header.IPv4MinLen
-	// maxSleep bounds one sleep, so that sweeps and neighbour refreshes
-	// happen without a timer; waitCompletion bounds it while TX frames
-	// are all in flight (their completions do not wake poll).
-	maxSleep       = time.Second
-	waitCompletion = 200 * time.Microsecond
-	sweepInterval  = 100 * time.Millisecond
-)
-
-// Stats count what a Poller did. Read them with Poller.Stats.
-type Stats struct {
-	// RXFrames: frames taken from the RX ring; RXNotIPv4, RXMalformed,
-	// BadIPChecksum, RXNotForUs (fragments, not TCP, another
-	// destination): dropped before the Stack.
-	RXFrames, RXNotIPv4, RXMalformed, BadIPChecksum, RXNotForUs uint64
-	// BadTCPChecksum: segments the Stack dropped for their checksum;
-	// rising, it means the peer sends partial checksums (offloads on).
-	BadTCPChecksum uint64
-	// TXFrames: frames submitted; TXNoNeighbour: segments dropped for
-	// want of a destination MAC; Kicks: TX wakeups.
-	TXFrames, TXNoNeighbour, Kicks uint64
-	// FlowErrors: flow map updates that failed.
-	FlowErrors uint64
-	// NetlinkEvents: neighbour and route changes the kernel notified.
-	NetlinkEvents uint64
-	// HandedOff: frames passed to the poller that owns their flow;
-	// HandoffDrops: dropped because its ring was full; MovingDrops:
-	// dropped while their connection moved between pollers, or handed
-	// to this poller after it had moved on to another.
-	HandedOff, HandoffDrops, MovingDrops uint64
-	// Sleeps: times the loop slept in ppoll, for Slept in all; Wakeups
-	// by eventfd; Turns of the loop.
-	Sleeps, Wakeups, Turns uint64
-	Slept                  time.Duration
-	// YieldBackoffs: spins that stopped yielding the CPU after a yield
-	// that did not come back soon (see yield).
-	YieldBackoffs uint64
-	// Stalls: episodes in which the loop had work and made no progress
-	// for a watchdog's threshold (CheckStall); read live, not published
-	// by the loop, since a stalled loop publishes nothing.
-	Stalls uint64
-	// Flows and Listens currently registered with the steering program.
-	Flows, Listens int
-	// ImpairRX and ImpairTX count what the impaired link did.
-	ImpairRX, ImpairTX impair.Stats
-	// Stack is the Stack's own counters.
-	Stack tcp.StackStats
-	// Socket is the kernel's counters of the AF_XDP socket.
-	Socket xsk.Statistics
-}
+// frameSize is the size of a UMEM frame.
+const frameSize = 4096
 
 // Poller runs one tcp.Stack over one AF_XDP socket. Make it with
 // NewPoller, run it with Run, reach its Stack with Do; Close after Run
@@ -281,11 +247,6 @@ type Poller struct {
 	// it counted.
 	watch  stallWatch
 	stalls atomic.Uint64
-}
-
-type call struct {
-	fn   func(s *tcp.Stack, now tcp.Time)
-	done chan struct{}
 }
 
 // NewPoller checks the interface, creates the UMEM and the AF_XDP socket on
@@ -400,121 +361,6 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	return p, nil
 }
 
-const (
-	// defaultSpin is the longest spin after work. The loop starts at
-	// spinMin and grows towards it only under load (see Run): measured on
-	// two cores, two daemons and two perftest-style processes, a fixed
-	// 50 µs spin made an 8-byte RDMA Write round trip 173 µs (median)
-	// against 94 µs with 1 µs, while a fixed 2 µs spin cut a 64 KiB Write
-	// stream to a third. Since the poller takes posts and forwards
-	// completions itself, a 10 µs minimum catches an application's next
-	// post or Read response without a sleep: 8-byte Read round trip
-	// 28-30 µs against 68-95 µs with 2 µs, bandwidth unchanged; 25 µs
-	// was worse again.
-	defaultSpin = 50 * time.Microsecond
-	spinMin     = 10 * time.Microsecond
-	// yieldHog and the backoffs: see yield.
-	yieldHog        = 200 * time.Microsecond
-	yieldBackoffMin = 10 * time.Millisecond
-	yieldBackoffMax = 2 * time.Second
-	quickWake       = 20 * time.Microsecond
-)
-
-// offloadWarnAfter is how many segments dropped for their TCP checksum
-// make checkOffloads warn: one can be corruption on the wire, a run of
-// them is the peer's offloads.
-const offloadWarnAfter = 3
-
-// checkOffloads warns, once, when the Stack starts dropping segments for
-// their TCP checksum: a veth peer (or any sender) with TX checksum offload,
-// TSO or GSO on hands over partial checksums and super-packets, which
-// nothing on this path completes. Corruption on a real wire looks the
-// same but is rare; a run of them is the offloads.
-func (p *Poller) checkOffloads() {
-	bad := p.stack.Stats.BadChecksum
-	if p.warnedChecksum || bad < offloadWarnAfter || p.cfg.Warn == nil {
-		return
-	}
-	p.warnedChecksum = true
-	p.cfg.Warn(fmt.Sprintf("%s queue %d: %d TCP segments dropped for bad checksums: the peer probably sends with offloads on "+
-		"(on a veth peer: ethtool -K PEER tx off tso off gso off)", p.cfg.Interface, p.cfg.Queue, bad))
-}
-
-// Check says, in words, what makes the interface unusable for cfg, before
-// anything is attached to it.
-func Check(cfg Config) (*net.Interface, error) { return checkInterface(cfg) }
-
-// checkInterface says, in words, what makes the interface unusable. The
-// coalescing check needs the XDP mode: it is made here for an explicit
-// ModeGeneric, and by NewPoller once the program is attached otherwise.
-func checkInterface(cfg Config) (*net.Interface, error) {
-	if !cfg.Addr.Is4() {
-		return nil, fmt.Errorf("%w: address %v is not IPv4", ErrInterface, cfg.Addr)
-	}
-	ifi, err := net.InterfaceByName(cfg.Interface)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %q: %w", ErrInterface, cfg.Interface, err)
-	}
-	if ifi.Flags&net.FlagUp == 0 {
-		return nil, fmt.Errorf("%w: %s is down", ErrInterface, ifi.Name)
-	}
-	if len(ifi.HardwareAddr) != 6 {
-		return nil, fmt.Errorf("%w: %s has no Ethernet address", ErrInterface, ifi.Name)
-	}
-	addrs, err := ifi.Addrs()
-	if err != nil {
-		return nil, fmt.Errorf("%w: addresses of %s: %w", ErrInterface, ifi.Name, err)
-	}
-	found := false
-	for _, a := range addrs {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == cfg.Addr {
-				found = true
-			}
-		}
-	}
-	if !found {
-		return nil, fmt.Errorf("%w: %v is not an address of %s", ErrInterface, cfg.Addr, ifi.Name)
-	}
-	mtu := ifi.MTU
-	if cfg.TCP.MTU > mtu {
-		return nil, fmt.Errorf("%w: TCP MTU %d above %s's MTU %d", ErrInterface, cfg.TCP.MTU, ifi.Name, mtu)
-	}
-	if cfg.TCP.MTU != 0 {
-		mtu = cfg.TCP.MTU
-	}
-	if mtu+header.EthernetLen > frameSize {
-		return nil, fmt.Errorf("%w: MTU %d does not fit a %d-octet UMEM frame", ErrInterface, mtu, frameSize)
-	}
-	// veth runs native XDP only with the peer's MTU ≤ 3506 (a page per
-	// frame); the pair's MTUs are normally equal, so check ours here and
-	// let bpf.Attach report the kernel's ERANGE otherwise.
-	if cfg.Mode == bpf.ModeNative && ifi.MTU > vethNativeMaxMTU && driverName(ifi.Name) == "veth" {
-		return nil, fmt.Errorf("%w: native XDP on veth needs MTU ≤ %d, %s has %d",
-			ErrInterface, vethNativeMaxMTU, ifi.Name, ifi.MTU)
-	}
-	if err := checkCoalescing(ifi.Name, cfg.Mode); err != nil {
-		return nil, err
-	}
-	return ifi, nil
-}
-
-const vethNativeMaxMTU = 3506
-
-// driverName is the interface's driver (ETHTOOL_GDRVINFO), "" if unknown.
-func driverName(ifname string) string {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return ""
-	}
-	defer unix.Close(fd)
-	info, err := unix.IoctlGetEthtoolDrvinfo(fd, ifname)
-	if err != nil {
-		return ""
-	}
-	return unix.ByteSliceToString(info.Driver[:])
-}
-
 // CPU is the CPU the loop is pinned to, -1 when not pinned.
 func (p *Poller) CPU() int {
 	if !p.cfg.Pin {
@@ -523,363 +369,15 @@ func (p *Poller) CPU() int {
 	return p.cfg.CPU
 }
 
-// FramesReceived is the number of frames the loop has taken from its RX
-// ring, read now (Stats publishes them every 100 ms).
-func (p *Poller) FramesReceived() uint64 { return p.received.Load() }
-
 // Steering returns the steering program the Poller uses.
 func (p *Poller) Steering() *bpf.Steering { return p.steering }
 
-// Run is the loop. It returns when ctx is done (nil) or the datapath
-// fails. It locks its goroutine to an OS thread in the Poller's network
-// namespace and leaves that thread locked, so that the thread ends with
-// it. Run may be called once.
-func (p *Poller) Run(ctx context.Context) error {
-	p.mu.Lock()
-	if p.closed.Load() || p.running {
-		p.mu.Unlock()
-		return fmt.Errorf("xdpnet: run: %w", ErrClosed)
-	}
-	p.running = true
-	p.mu.Unlock()
-	defer close(p.stopped)
-	defer p.quitOnce.Do(func() { close(p.quit) })
-	runtime.LockOSThread() // never unlocked: the thread may have changed namespace
-	if err := unix.Setns(p.nsfd, unix.CLONE_NEWNET); err != nil {
-		return fmt.Errorf("xdpnet: run: enter network namespace: %w", err)
-	}
+// Name says which poller this is, for logs: interface, queue and CPU.
+func (p *Poller) Name() string {
 	if p.cfg.Pin {
-		var set unix.CPUSet
-		set.Set(p.cfg.CPU)
-		if err := unix.SchedSetaffinity(0, &set); err != nil {
-			return fmt.Errorf("xdpnet: run: pin to CPU %d: %w", p.cfg.CPU, err)
-		}
+		return fmt.Sprintf("xdp poller %s queue %d (CPU %d)", p.cfg.Interface, p.cfg.Queue, p.cfg.CPU)
 	}
-	stop := context.AfterFunc(ctx, p.requestStop)
-	defer stop()
-	if p.cfg.Group == nil {
-		p.start = time.Now()
-	}
-	lastWork := p.now()
-	// The spin adapts between spinMin and Config.Spin: a sleep that ends
-	// soon (work arrives within quickWake) means the loop is under load,
-	// and the next spin doubles; a longer one halves it. Under a stream
-	// the loop stops paying for sleeping and waking on every ACK; with
-	// sparse work it gives the CPU back at once.
-	maxSpin := tcp.Time(p.cfg.Spin)
-	minSpin := min(tcp.Time(spinMin), maxSpin)
-	spin := minSpin
-	var y yielding
-	p.looping.Store(true)
-	defer p.looping.Store(false)
-	for {
-		if p.stopReq.Load() {
-			p.shutdown()
-			return nil
-		}
-		work, err := p.turn()
-		if err != nil {
-			p.shutdown()
-			return err
-		}
-		now := p.now()
-		if work {
-			lastWork = now
-			continue
-		}
-		if now-lastWork < spin {
-			if now >= y.again {
-				p.yield(now, &y)
-			}
-			continue
-		}
-		slept, err := p.sleep(now)
-		if err != nil {
-			p.shutdown()
-			return err
-		}
-		lastWork = p.now()
-		if slept {
-			p.stats.Slept += time.Duration(lastWork - now)
-		}
-		if lastWork-now < tcp.Time(quickWake) {
-			spin = min(spin*2, maxSpin)
-		} else {
-			spin = max(spin/2, minSpin)
-		}
-	}
-}
-
-// now is the engine's clock: time since Run started, plus a second so that
-// it is never the zero Time.
-func (p *Poller) now() tcp.Time { return tcp.Time(time.Since(p.start)) + tcp.Time(time.Second) }
-
-// turn is one round of the loop; it reports whether it found work.
-func (p *Poller) turn() (bool, error) {
-	p.stats.Turns++
-	p.beat.Store(p.stats.Turns)
-	work := false
-	for range 4 {
-		select {
-		case c := <-p.calls:
-			c.fn(p.stack, p.now())
-			// Do callers may read Stats next: publish first.
-			p.publishStats()
-			close(c.done)
-			work = true
-			continue
-		default:
-		}
-		break
-	}
-	// Sources first: a work request posted there kicks its connection
-	// through Async, served in this same turn.
-	if len(p.sources) > 0 && p.pollSources() {
-		work = true
-	}
-	if p.runAsync() {
-		work = true
-	}
-	if p.receive() {
-		work = true
-	}
-	now := p.now()
-	if len(p.in) > 0 && p.receiveHandoffs(now) {
-		work = true
-	}
-	if p.rxStage != nil && p.receiveImpaired(now) {
-		work = true
-	}
-	p.stack.Advance(now)
-	sent, err := p.transmit(now)
-	if err != nil {
-		return work, err
-	}
-	if sent {
-		work = true
-	}
-	if now-p.lastSweep >= tcp.Time(sweepInterval) {
-		p.lastSweep = now
-		p.stats.NetlinkEvents += uint64(p.neigh.follow())
-		p.sweep(now)
-		p.checkOffloads()
-		p.publishStats()
-	}
-	return work, nil
-}
-
-// sleep waits in ppoll on the socket and the eventfd until a frame, a call
-// or the next timer; slept is false when work came first and it did not
-// wait. Run, which reads the clock around it, counts Stats.Slept.
-func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
-	d := maxSleep
-	if t, ok := p.stack.NextTimer(); ok {
-		d = min(d, max(time.Duration(t-now), 0))
-	}
-	if p.more || p.inFlight > 0 {
-		d = min(d, waitCompletion)
-	}
-	for _, st := range []*impair.Stage{p.rxStage, p.txStage} {
-		if st == nil {
-			continue
-		}
-		if t, ok := st.Next(); ok {
-			d = min(d, max(t-time.Duration(now), 0))
-		}
-	}
-	if len(p.calls) > 0 || d == 0 {
-		return false, nil
-	}
-	// Async callers and other pollers handing frames over look at
-	// sleeping after queueing: either they see it and wake us, or we see
-	// their work here. woken goes down first, so that this sleep gets
-	// its own wakeup.
-	p.woken.Store(false)
-	p.sleeping.Store(true)
-	defer p.sleeping.Store(false)
-	if len(p.sources) > 0 {
-		defer p.sourcesAwake()
-		if p.sourcesSleeping() {
-			return false, nil
-		}
-	}
-	if p.asyncPending.Load() > 0 || p.handedWaiting() {
-		return false, nil
-	}
-	p.stats.Sleeps++
-	ts := unix.NsecToTimespec(int64(d))
-	fds := [2]unix.PollFd{
-		{Fd: int32(p.sock.FD()), Events: unix.POLLIN},
-		{Fd: int32(p.eventfd), Events: unix.POLLIN},
-	}
-	_, err = unix.Ppoll(fds[:], &ts, nil)
-	if err != nil && !errors.Is(err, unix.EINTR) {
-		return true, fmt.Errorf("xdpnet: ppoll: %w", err)
-	}
-	if fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
-		return true, fmt.Errorf("xdpnet: ppoll: socket revents %#x", fds[0].Revents)
-	}
-	if fds[1].Revents&unix.POLLIN != 0 {
-		p.stats.Wakeups++
-		var b [8]byte
-		_, _ = unix.Read(p.eventfd, b[:])
-	}
-	return true, nil
-}
-
-// yield lets a thread waiting for this CPU run during a spin: the
-// application whose next post the spin hopes to catch may need the CPU to
-// make it (sched_yield returns at once when nothing waits). A thread that
-// does not yield back keeps the CPU for a scheduler slice, milliseconds
-// with work waiting here: after such a yield the loop spins without
-// yielding for a while, twice as long after each such yield in a row (a
-// busy-polling application), from yieldBackoffMin up to yieldBackoffMax.
-// y is the loop's state.
-func (p *Poller) yield(now tcp.Time, y *yielding) {
-	_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
-	if y.yielded(now, p.now()) {
-		p.stats.YieldBackoffs++
-	}
-}
-
-// yielding is Run's state for yield.
-type yielding struct {
-	again   tcp.Time // no yield before
-	backoff tcp.Time // the last backoff, 0 after a yield that came back soon
-}
-
-// yielded records a yield from start to end and reports whether it backs
-// off.
-func (y *yielding) yielded(start, end tcp.Time) bool {
-	if end-start <= tcp.Time(yieldHog) {
-		y.backoff = 0
-		return false
-	}
-	y.backoff = min(max(2*y.backoff, tcp.Time(yieldBackoffMin)), tcp.Time(yieldBackoffMax))
-	y.again = end + y.backoff
-	return true
-}
-
-// requestStop makes Run return at its next turn.
-func (p *Poller) requestStop() {
-	p.stopReq.Store(true)
-	p.wake()
-}
-
-// wake makes a sleeping loop return from ppoll.
-func (p *Poller) wake() {
-	var b [8]byte
-	b[0] = 1
-	_, _ = unix.Write(p.eventfd, b[:])
-}
-
-// Wake wakes the loop if it sleeps, at most once per sleep: for work
-// queued where sleep looks after setting sleeping (Async, handoff rings),
-// or a Source's work that came another way than its doorbell.
-func (p *Poller) Wake() {
-	if p.sleeping.Load() && !p.woken.Swap(true) {
-		p.wake()
-	}
-}
-
-// Do runs fn on the loop with the Stack and the loop's clock, and waits for
-// it. It fails with ErrClosed when the loop has stopped. fn must not keep
-// the Stack, and must not block. Do must not be called from the loop
-// (from a Handler or from fn).
-func (p *Poller) Do(fn func(s *tcp.Stack, now tcp.Time)) error {
-	c := call{fn: fn, done: make(chan struct{})}
-	select {
-	case p.calls <- c:
-	case <-p.quit:
-		return ErrClosed
-	}
-	p.wake()
-	select {
-	case <-c.done:
-		return nil
-	case <-p.quit:
-		// The loop may have run fn just before it stopped.
-		select {
-		case <-c.done:
-			return nil
-		default:
-		}
-		return ErrClosed
-	}
-}
-
-// Async queues fn to run on the loop and returns at once; the loop is
-// woken if it sleeps. Functions run in the order queued; fn must not
-// block. Safe from any goroutine, the loop's included. After the loop
-// stopped, queued functions never run.
-func (p *Poller) Async(fn func()) {
-	p.asyncMu.Lock()
-	p.async = append(p.async, fn)
-	p.asyncPending.Add(1)
-	p.asyncMu.Unlock()
-	p.Wake()
-}
-
-// runAsync runs the functions Async queued; it reports whether there were any.
-func (p *Poller) runAsync() bool {
-	if p.asyncPending.Load() == 0 {
-		return false
-	}
-	p.asyncMu.Lock()
-	fns := p.async
-	p.async = p.asyncSpare[:0]
-	p.asyncPending.Store(0)
-	p.asyncMu.Unlock()
-	for i, fn := range fns {
-		fn()
-		fns[i] = nil
-	}
-	p.asyncSpare = fns
-	return len(fns) > 0
-}
-
-// Stats returns the counters as the loop last published them (every
-// 100 ms, after each Do, and when Run ends), with the socket's kernel
-// counters and Stalls read now.
-func (p *Poller) Stats() Stats {
-	var st Stats
-	if s := p.statsShadow.Load(); s != nil {
-		st = *s
-	}
-	if p.sock != nil && !p.closed.Load() {
-		st.Socket, _ = p.sock.Statistics()
-	}
-	st.Stalls = p.stalls.Load()
-	return st
-}
-
-func (p *Poller) publishStats() {
-	st := p.stats
-	st.RXFrames = p.received.Load()
-	st.Stack = p.stack.Stats
-	st.BadTCPChecksum = p.stack.Stats.BadChecksum
-	st.Flows, st.Listens = len(p.flows), len(p.listens)
-	if p.rxStage != nil {
-		st.ImpairRX = p.rxStage.Stats
-	}
-	if p.txStage != nil {
-		st.ImpairTX = p.txStage.Stats
-	}
-	p.statsShadow.Store(&st)
-}
-
-// shutdown runs on the loop as Run ends: listeners closed, flows and
-// listen ports removed from the steering program, reservations released.
-// Connections still open are abandoned: their segments then reach the
-// kernel, which resets them.
-func (p *Poller) shutdown() {
-	for port := range p.listens {
-		p.closeListener(port)
-	}
-	for id, f := range p.flows {
-		p.removeFlow(id, f)
-	}
-	p.publishStats()
+	return fmt.Sprintf("xdp poller %s queue %d", p.cfg.Interface, p.cfg.Queue)
 }
 
 // Close stops Run if it runs and waits for it, then releases the socket,
@@ -918,7 +416,7 @@ func (p *Poller) release() error {
 		errs = append(errs, p.umem.Close())
 	}
 	if p.neigh != nil {
-		errs = append(errs, p.neigh.close())
+		p.neigh.close()
 	}
 	for _, fd := range []int{p.eventfd, p.nsfd} {
 		if fd >= 0 {
@@ -927,65 +425,6 @@ func (p *Poller) release() error {
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("xdpnet: close: %w", err)
-	}
-	return nil
-}
-
-// RXQueues is the number of receive queues of an interface in the calling
-// thread's network namespace (ETHTOOL_GCHANNELS: the rx or combined
-// channels), 1 when the driver does not say.
-func RXQueues(ifname string) int {
-	// struct ethtool_channels: cmd, then max and current rx, tx, other,
-	// combined counts.
-	ch := [9]uint32{unix.ETHTOOL_GCHANNELS}
-	if ethtool(ifname, unsafe.Pointer(&ch)) != nil {
-		return 1
-	}
-	return max(int(ch[5]), int(ch[8]), 1)
-}
-
-// ethtool runs one SIOCETHTOOL request on ifname; data points at the
-// command's structure, its first word the command.
-func ethtool(ifname string, data unsafe.Pointer) error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	var ifr struct {
-		name [unix.IFNAMSIZ]byte
-		data unsafe.Pointer
-		_    [16]byte
-	}
-	copy(ifr.name[:], ifname)
-	ifr.data = data
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), unix.SIOCETHTOOL, uintptr(unsafe.Pointer(&ifr))); errno != 0 {
-		return errno
-	}
-	return nil
-}
-
-// checkCoalescing refuses generic XDP on an interface that coalesces what
-// it receives (GRO or LRO on): generic XDP runs after GRO, so the program
-// would see super-packets that no AF_XDP frame holds, and the RNIC's
-// connections would stall on drops. Native XDP runs before GRO.
-func checkCoalescing(ifname string, mode bpf.Mode) error {
-	if mode != bpf.ModeGeneric {
-		return nil
-	}
-	get := func(cmd uint32) (uint32, bool) {
-		v := [2]uint32{cmd, 0} // struct ethtool_value
-		err := ethtool(ifname, unsafe.Pointer(&v))
-		return v[1], err == nil
-	}
-	const ethFlagLRO = 1 << 15
-	if gro, ok := get(unix.ETHTOOL_GGRO); ok && gro != 0 {
-		return fmt.Errorf("%w: generic XDP on %s with GRO on: coalesced segments do not fit AF_XDP frames; "+
-			"turn it off (ethtool -K %s gro off) or use native XDP", ErrInterface, ifname, ifname)
-	}
-	if flags, ok := get(unix.ETHTOOL_GFLAGS); ok && flags&ethFlagLRO != 0 {
-		return fmt.Errorf("%w: generic XDP on %s with LRO on: coalesced segments do not fit AF_XDP frames; "+
-			"turn it off (ethtool -K %s lro off) or use native XDP", ErrInterface, ifname, ifname)
 	}
 	return nil
 }

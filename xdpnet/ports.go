@@ -72,18 +72,7 @@ type ListenHandler interface {
 	Listening(*tcp.Listener)
 }
 
-// Listen reserves port, listens on it with h as the Handler of the
-// connections it accepts, and steers SYNs to it; a ListenHandler is given
-// the listener first. Call it from another goroutine than the loop's.
-func (p *Poller) Listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
-	var l *tcp.Listener
-	var err error
-	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) { l, err = p.listen(port, h) }); derr != nil {
-		return nil, derr
-	}
-	return l, err
-}
-
+// listen is Listen's work on the loop: reserve, listen, steer.
 func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 	if port == 0 {
 		return nil, errors.New("xdpnet: listen on port 0")
@@ -113,17 +102,7 @@ func (p *Poller) listen(port uint16, h tcp.Handler) (*tcp.Listener, error) {
 	return l, nil
 }
 
-// CloseListener stops listening on port: SYNs to it go to the kernel
-// again (which resets them), connections not yet accepted are reset, and
-// the port's reservation ends. Established connections carry on.
-func (p *Poller) CloseListener(port uint16) error {
-	var err error
-	if derr := p.Do(func(*tcp.Stack, tcp.Time) { err = p.closeListener(port) }); derr != nil {
-		return derr
-	}
-	return err
-}
-
+// closeListener is CloseListener's work on the loop (and shutdown's).
 func (p *Poller) closeListener(port uint16) error {
 	ls := p.listens[port]
 	if ls == nil {
@@ -139,44 +118,8 @@ func (p *Poller) closeListener(port uint16) error {
 	return err
 }
 
-// Connect opens a connection from the RNIC's address to remote with h as
-// its Handler: it resolves remote's link-layer address first (waiting up
-// to timeout), lets the kernel pick and reserve the local port, steers the
-// flow and sends the SYN. EventEstablished or EventClosed on h tells how
-// it went. Call it from another goroutine than the loop's.
-func (p *Poller) Connect(remote netip.AddrPort, h tcp.Handler, timeout time.Duration) (*tcp.Conn, error) {
-	if !remote.Addr().Is4() {
-		return nil, fmt.Errorf("xdpnet: connect to %v: IPv4 only", remote)
-	}
-	deadline := time.Now().Add(timeout)
-	for {
-		var routed, ok bool
-		if err := p.Do(func(s *tcp.Stack, now tcp.Time) {
-			if _, routed = p.neigh.nextHop(now, remote.Addr()); routed {
-				_, ok = p.neigh.lookup(now, remote.Addr())
-			}
-		}); err != nil {
-			return nil, err
-		}
-		if !routed {
-			return nil, fmt.Errorf("xdpnet: connect to %v: %w: no route through %s", remote, ErrNoNeighbour, p.cfg.Interface)
-		}
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("xdpnet: connect to %v: %w within %v", remote, ErrNoNeighbour, timeout)
-		}
-		time.Sleep(time.Millisecond)
-	}
-	var c *tcp.Conn
-	var err error
-	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) { c, err = p.connect(now, remote, h) }); derr != nil {
-		return nil, derr
-	}
-	return c, err
-}
-
+// connect is Connect's work on the loop once remote is resolved: reserve
+// an ephemeral port, steer the flow, send the SYN.
 func (p *Poller) connect(now tcp.Time, remote netip.AddrPort, h tcp.Handler) (*tcp.Conn, error) {
 	fd, port, err := reservePort(p.cfg.Addr, 0)
 	if err != nil {
@@ -229,6 +172,7 @@ func (p *Poller) sweep(now tcp.Time) {
 	}
 }
 
+// removeFlow stops steering id and releases its port's reservation.
 func (p *Poller) removeFlow(id tcp.FourTuple, f *flow) {
 	delete(p.flows, id)
 	p.cfg.Group.clearOwner(id, p)

@@ -1,7 +1,6 @@
 package xdpnet
 
 import (
-	"fmt"
 	"sync"
 	"time"
 )
@@ -51,12 +50,4 @@ func (p *Poller) CheckStall(now time.Time, after time.Duration) bool {
 // goroutine.
 func (p *Poller) idle() bool {
 	return p.sleeping.Load() && len(p.calls) == 0 && p.asyncPending.Load() == 0 && !p.handedWaiting()
-}
-
-// Name says which poller this is, for logs: interface, queue and CPU.
-func (p *Poller) Name() string {
-	if p.cfg.Pin {
-		return fmt.Sprintf("xdp poller %s queue %d (CPU %d)", p.cfg.Interface, p.cfg.Queue, p.cfg.CPU)
-	}
-	return fmt.Sprintf("xdp poller %s queue %d", p.cfg.Interface, p.cfg.Queue)
 }
