@@ -43,8 +43,30 @@ const (
 // Run is the loop. It returns when ctx is done (nil) or the datapath
 // fails. It locks its goroutine to an OS thread in the Poller's network
 // namespace and leaves that thread locked, so that the thread ends with
-// it. Run may be called once.
+// it (never the process's main thread, which Go cannot end: see
+// offMainThread). Run may be called once.
 func (p *Poller) Run(ctx context.Context) error {
+	return offMainThread(func() error { return p.run(ctx) })
+}
+
+// offMainThread runs f, which locks its goroutine to a thread it changes
+// and never unlocks, on a thread other than the process's main thread: a
+// locked goroutine that ends on the main thread leaves it parked, still in
+// the namespace (and with the affinity) f gave it, for the life of the
+// process.
+func offMainThread(f func() error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	if unix.Gettid() != unix.Getpid() {
+		return f() // f's own lock keeps the thread
+	}
+	// Holding the main thread here, the new goroutine cannot run on it.
+	errc := make(chan error, 1)
+	go func() { errc <- f() }()
+	return <-errc
+}
+
+func (p *Poller) run(ctx context.Context) error {
 	p.mu.Lock()
 	if p.closed.Load() || p.running {
 		p.mu.Unlock()

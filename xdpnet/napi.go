@@ -308,7 +308,7 @@ func openThreaded(ifname string, ifindex int) (*os.File, error) {
 		err error
 	}
 	done := make(chan result, 1)
-	go func() {
+	go offMainThread(func() error {
 		// Never unlocked: the thread's mount namespace is private, so
 		// the thread ends with this goroutine.
 		runtime.LockOSThread()
@@ -331,7 +331,8 @@ func openThreaded(ifname string, ifindex int) (*os.File, error) {
 			return os.OpenFile(name, os.O_RDWR, 0)
 		}()
 		done <- result{f, err}
-	}()
+		return nil
+	})
 	r := <-done
 	if r.err != nil {
 		return nil, fmt.Errorf("%w: %s: %v", ErrNAPI, name, r.err)

@@ -183,14 +183,17 @@ func (h Host) killAll() {
 		if err != nil {
 			return
 		}
-		pids := strings.Fields(string(out))
-		if len(pids) == 0 || time.Now().After(deadline) {
-			return
-		}
-		for _, s := range pids {
+		others := 0
+		for _, s := range strings.Fields(string(out)) {
 			if pid, err := strconv.Atoi(s); err == nil && pid != os.Getpid() {
 				_ = syscall.Kill(pid, syscall.SIGKILL)
+				others++
 			}
+		}
+		// A thread of this process may be in the namespace: it is not
+		// ours to kill, nor to wait for.
+		if others == 0 || time.Now().After(deadline) {
+			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
