@@ -40,20 +40,22 @@ func (s *Stack) deliver() {
 	if s.calling {
 		return
 	}
-	for len(s.evConns) > 0 {
-		c := s.evConns[0]
-		s.evConns[0] = nil
-		s.evConns = s.evConns[1:]
-		for len(c.events) > 0 {
-			ev := c.events[0]
-			c.events = c.events[1:]
+	// By index, as Handlers may queue more meanwhile, and reusing both
+	// slices: an event per received segment allocates nothing.
+	for i := 0; i < len(s.evConns); i++ {
+		c := s.evConns[i]
+		s.evConns[i] = nil
+		if c == nil {
+			continue // dropped (Detach)
+		}
+		for j := 0; j < len(c.events); j++ {
 			if c.h != nil {
 				s.calling = true
-				c.h.Event(c, ev)
+				c.h.Event(c, c.events[j])
 				s.calling = false
 			}
 		}
-		c.events = nil
+		c.events = c.events[:0]
 	}
 	s.evConns = s.evConns[:0]
 }
@@ -112,7 +114,7 @@ func (s *Stack) dropQueued(c *Conn) {
 	}
 	for i, x := range s.evConns {
 		if x == c {
-			s.evConns = append(s.evConns[:i], s.evConns[i+1:]...)
+			s.evConns[i] = nil // deliver skips it
 			return
 		}
 	}
