@@ -99,6 +99,8 @@ var ErrConfig = errors.New("qp: invalid configuration")
 type QP struct {
 	cfg   Config
 	state State
+	// pushed: a completion was pushed since TakePushed.
+	pushed bool
 
 	// LLP framing, set by Connect.
 	framer *mpa.Framer
@@ -394,9 +396,18 @@ func (q *QP) retire() {
 
 // push delivers a completion; an overrun is fatal to the QP.
 func (q *QP) push(cq *completion.CQ, c completion.Completion) {
+	q.pushed = true
 	if err := cq.Push(c); err != nil && !q.ended {
 		q.fail(err)
 	}
+}
+
+// TakePushed reports whether the engine made completions since it was
+// last asked, and forgets them.
+func (q *QP) TakePushed() bool {
+	p := q.pushed
+	q.pushed = false
+	return p
 }
 
 // Sent tells the engine the LLP has accepted the stream up to total octets.
@@ -490,6 +501,7 @@ func (q *QP) enterError(err error, kind EventKind) {
 	q.retire()
 	for q.rq.len() > 0 {
 		e := q.rq.at(0)
+		q.pushed = true
 		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
 			Status: completion.FlushError, Err: err})
 		e.releaseAll()

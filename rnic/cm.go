@@ -3,8 +3,6 @@ package rnic
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -52,88 +50,7 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	if q.dev.xdp != nil {
 		return q.connectEngine(ctx, raddr, opts)
 	}
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultMPATimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	d := opts.Dialer
-	if d == nil {
-		d = &net.Dialer{}
-	}
-	nc, err := d.DialContext(ctx, "tcp", raddr)
-	if err != nil {
-		// The dialer times out at the context's deadline, which can be
-		// a moment before the context itself says so.
-		var ne net.Error
-		if ctx.Err() != nil || (errors.As(err, &ne) && ne.Timeout()) {
-			return nil, fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
-		}
-		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
-	}
-	conn := nc.(*net.TCPConn)
-	_ = conn.SetNoDelay(true)
-	cfg := q.mpaConfig(opts.PrivateData)
-	req, err := cfg.Request()
-	if err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
-	}
-	deadline, _ := ctx.Deadline()
-	_ = conn.SetDeadline(deadline)
-	// A cancelled ctx (the consumer went away) ends the MPA exchange at
-	// once, and the peer sees a reset.
-	stop := context.AfterFunc(ctx, func() {
-		_ = conn.SetLinger(0)
-		_ = conn.SetDeadline(time.Unix(1, 0))
-	})
-	defer stop()
-	wire, _ := req.Append(nil)
-	if _, err := conn.Write(wire); err != nil {
-		conn.Close()
-		if errors.Is(ioErr(err), ErrTimedOut) || ctx.Err() != nil {
-			// The deadline (or a cancel) came as the Request went out.
-			return nil, fmt.Errorf("connect %s: send MPA Request: %w", raddr, ErrTimedOut)
-		}
-		return nil, fmt.Errorf("connect %s: send MPA Request: %w: %v", raddr, ErrUnreachable, err)
-	}
-	reply, err := readFrame(conn, true)
-	if err != nil {
-		conn.Close()
-		if errors.Is(err, ErrTimedOut) {
-			return nil, fmt.Errorf("connect %s: no MPA Reply: %w", raddr, err)
-		}
-		return nil, fmt.Errorf("connect %s: MPA Reply: %w", raddr, err)
-	}
-	if !stop() {
-		// ctx ended as the Reply came: the connection is being reset.
-		conn.Close()
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			return nil, fmt.Errorf("connect %s: no MPA Reply: %w", raddr, ErrTimedOut)
-		}
-		return nil, fmt.Errorf("connect %s: %w", raddr, ctx.Err())
-	}
-	_ = conn.SetDeadline(time.Time{})
-	p, err := cfg.Complete(&reply)
-	if errors.Is(err, mpa.ErrRejected) {
-		conn.Close()
-		return nil, &RejectedError{PrivateData: clone(reply.PrivateData)}
-	}
-	if err != nil {
-		if wire := negotiationTerminate(p, err); wire != nil {
-			_, _ = conn.Write(wire)
-		}
-		conn.Close()
-		return nil, fmt.Errorf("connect %s: %w", raddr, err)
-	}
-	pd := clone(p.PeerPrivateData)
-	if err := q.start(conn, p, true, ConnEvent{Kind: Established, PrivateData: pd}); err != nil {
-		conn.Close()
-		return nil, fmt.Errorf("connect %s: %w", raddr, err)
-	}
-	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
-	return pd, nil
+	return q.connectKernel(ctx, raddr, opts)
 }
 
 func clone(b []byte) []byte {
@@ -141,44 +58,6 @@ func clone(b []byte) []byte {
 		return nil
 	}
 	return append([]byte(nil), b...)
-}
-
-// readFrame reads one MPA startup frame under the connection's deadline.
-func readFrame(conn net.Conn, reply bool) (mpa.Frame, error) {
-	buf := make([]byte, mpa.FrameHeaderLen, mpa.FrameHeaderLen+mpa.MaxPrivateData)
-	// The key first: a peer that is not iWARP (an HTTP client's short
-	// request) is refused at once, not after the header it never sends.
-	if _, err := io.ReadFull(conn, buf[:mpa.KeyLen]); err != nil {
-		return mpa.Frame{}, ioErr(err)
-	}
-	if _, _, err := mpa.ParseFrame(buf[:mpa.KeyLen], reply); err != mpa.ErrShortFrame {
-		return mpa.Frame{}, err
-	}
-	if _, err := io.ReadFull(conn, buf[mpa.KeyLen:]); err != nil {
-		return mpa.Frame{}, ioErr(err)
-	}
-	n, err := mpa.FrameLen(buf)
-	if err != nil {
-		return mpa.Frame{}, err
-	}
-	// Check the key before waiting for private data that may never come.
-	if _, _, err := mpa.ParseFrame(append(buf[:mpa.FrameHeaderLen:mpa.FrameHeaderLen], make([]byte, n-mpa.FrameHeaderLen)...), reply); err != nil && err != mpa.ErrShortFrame {
-		return mpa.Frame{}, err
-	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(conn, buf[mpa.FrameHeaderLen:]); err != nil {
-		return mpa.Frame{}, ioErr(err)
-	}
-	f, _, err := mpa.ParseFrame(buf, reply)
-	return f, err
-}
-
-func ioErr(err error) error {
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		return ErrTimedOut
-	}
-	return fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err)
 }
 
 // negotiationTerminate is the lone Terminate (framed) that reports an MPA
@@ -246,10 +125,10 @@ type Listener struct {
 	done  chan struct{}
 	once  sync.Once
 	loops sync.WaitGroup
-	// shaking are the kernel datapath's connections whose MPA Request
-	// is being read, for Close to end those reads at once.
-	shakeMu sync.Mutex
-	shaking map[*net.TCPConn]struct{}
+	// starting are the kernel datapath's connections whose MPA Request
+	// has not come, for Close to reset them at once.
+	startMu  sync.Mutex
+	starting map[*kernelConn]struct{}
 }
 
 // Listen starts accepting connection requests on addr (host:port).
@@ -263,18 +142,7 @@ func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 	if d.xdp != nil {
 		return d.listenEngine(addr, opts)
 	}
-	la, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w: %v", addr, ErrInvalidParam, err)
-	}
-	ln, err := net.ListenTCP("tcp", la)
-	if err != nil {
-		return nil, fmt.Errorf("listen %s: %w", addr, err)
-	}
-	l := &Listener{dev: d, ln: ln, opts: opts, reqs: make(chan *ConnRequest, opts.Backlog), done: make(chan struct{})}
-	l.loops.Add(1)
-	go l.acceptLoop()
-	return l, nil
+	return d.listenKernel(addr, opts)
 }
 
 // Addr is the listening address.
@@ -290,15 +158,10 @@ func (l *Listener) Close() error {
 	l.once.Do(func() {
 		close(l.done)
 		if l.ln != nil {
-			l.ln.Close()
 			// A peer that sends half a Request, or nothing, does not
 			// hold Close (and the daemon's shutdown) for the request
 			// timeout.
-			l.shakeMu.Lock()
-			for nc := range l.shaking {
-				_ = nc.SetDeadline(time.Now())
-			}
-			l.shakeMu.Unlock()
+			l.closeKernel()
 		} else {
 			l.closeEngine()
 		}
@@ -315,67 +178,6 @@ func (l *Listener) Close() error {
 	return nil
 }
 
-func (l *Listener) acceptLoop() {
-	defer l.loops.Done()
-	for {
-		nc, err := l.ln.AcceptTCP()
-		if err != nil {
-			select {
-			case <-l.done:
-				return
-			default:
-			}
-			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
-			continue
-		}
-		l.loops.Add(1)
-		go l.handshake(nc)
-	}
-}
-
-// handshake reads the MPA Request of a new connection and queues the request.
-func (l *Listener) handshake(nc *net.TCPConn) {
-	defer l.loops.Done()
-	_ = nc.SetNoDelay(true)
-	l.shakeMu.Lock()
-	select {
-	case <-l.done:
-		l.shakeMu.Unlock()
-		nc.Close()
-		return
-	default:
-	}
-	if l.shaking == nil {
-		l.shaking = map[*net.TCPConn]struct{}{}
-	}
-	l.shaking[nc] = struct{}{}
-	_ = nc.SetDeadline(time.Now().Add(l.opts.RequestTimeout))
-	l.shakeMu.Unlock()
-	req, err := readFrame(nc, false)
-	l.shakeMu.Lock()
-	delete(l.shaking, nc)
-	l.shakeMu.Unlock()
-	if err != nil {
-		// RFC 5044 §7.1.2: a bad Request closes the connection.
-		nc.Close()
-		return
-	}
-	cr := &ConnRequest{l: l, conn: nc, req: req, PrivateData: clone(req.PrivateData),
-		RemoteAddr: nc.RemoteAddr().(*net.TCPAddr), LocalAddr: nc.LocalAddr().(*net.TCPAddr)}
-	cr.req.PrivateData = cr.PrivateData
-	// The timer may fire at once; answer() takes cr.mu, so it sees timer.
-	cr.mu.Lock()
-	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
-	cr.mu.Unlock()
-	select {
-	case l.reqs <- cr:
-	case <-l.done:
-		_ = cr.Reject(nil)
-	default:
-		_ = cr.Reject(nil) // backlog full
-	}
-}
-
 // Accept waits for the next connection request.
 func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 	select {
@@ -390,15 +192,15 @@ func (l *Listener) Accept(ctx context.Context) (*ConnRequest, error) {
 
 // ConnRequest is an incoming connection waiting for the consumer's answer.
 type ConnRequest struct {
-	l        *Listener
-	conn     *net.TCPConn
-	req      mpa.Frame
+	l *Listener
+	// kc is the connection on the kernel datapath, ec on the
+	// accelerated one.
+	kc       *kernelConn
 	timer    *time.Timer
 	mu       sync.Mutex
 	answered bool
-	// ec is the connection on the accelerated datapath (conn is nil);
-	// gone: it closed before the answer.
-	ec          *engineConn
+	ec       *engineConn
+	// gone: the connection closed before the answer.
 	gone        atomic.Bool
 	PrivateData []byte
 	RemoteAddr  *net.TCPAddr
@@ -432,27 +234,7 @@ func (cr *ConnRequest) Accept(q *QP, private []byte) error {
 	if cr.ec != nil {
 		return cr.acceptEngine(q, private)
 	}
-	if !cr.answer() {
-		return ErrAnswered
-	}
-	wire, p, err := acceptWire(q.mpaConfig(private), &cr.req)
-	if err != nil {
-		cr.conn.Close()
-		return fmt.Errorf("accept: %w", err)
-	}
-	// Nothing reads the socket until start, so the initiator's first
-	// FPDUs wait in the kernel until the engine is in RTS.
-	_ = cr.conn.SetDeadline(time.Now().Add(cr.l.opts.RequestTimeout))
-	if _, err := cr.conn.Write(wire); err != nil {
-		cr.conn.Close()
-		return fmt.Errorf("accept: send MPA Reply: %w", err)
-	}
-	_ = cr.conn.SetDeadline(time.Time{})
-	if err := q.start(cr.conn, p, false, ConnEvent{Kind: Established, PrivateData: cr.PrivateData}); err != nil {
-		cr.conn.Close()
-		return fmt.Errorf("accept: %w", err)
-	}
-	return nil
+	return cr.acceptKernel(q, private)
 }
 
 // Reject refuses the request with the consumer's private data (R bit).
@@ -463,9 +245,5 @@ func (cr *ConnRequest) Reject(private []byte) error {
 	if cr.ec != nil {
 		return cr.rejectEngine(private)
 	}
-	if wire := rejectWire(&cr.req, private); wire != nil {
-		_ = cr.conn.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = cr.conn.Write(wire)
-	}
-	return cr.conn.Close()
+	return cr.rejectKernel(private)
 }

@@ -2,25 +2,75 @@
 // regions and their STags, completion queues, queue pairs), the LLP a QP runs
 // on, and the connection manager.
 //
-// Goroutines, for the kernel-TCP datapath (the architecture of Linux siw):
-// every connected QP has a receive loop, which reads from its socket and
-// feeds the engine, and a transmit loop, which pulls FPDUs from the engine
-// and writes them, woken by posts and by the receive loop. Both take the
-// QP's mutex around engine calls and never hold it across a system call.
-// A Listener has one accept loop that reads MPA Requests and hands
-// connection requests to the consumer.
+// One QP, two LLPs. A QP (qp.go) runs the datapath-independent RDMAP/DDP
+// engine (package qp) over an mpaConn (mpaconn.go): the resumable MPA
+// startup, fed octets as they arrive, then the engine's FPDUs. The stream
+// under it is chosen when the device opens: a kernel TCP socket
+// (kernelConn, llp_kernel.go; Open) or a connection of softrnic's TCP
+// engine on an xdpnet poller (engineConn, llp_engine.go; OpenXDP). Both
+// post each connection event in one place (QP.attach: Established where
+// the QP reaches RTS; the close timer where our FIN goes out).
 //
-// On the accelerated datapath a QP's connection is an engineConn, the
-// Handler the TCP engine calls on the poller that owns it (xdp.go).
+// The life of an RDMA Write, kernel datapath (as Linux siw: sent from the
+// posting context, placed in the receive context):
+//
+//  1. The consumer's goroutine (softrnicd: the EP's ring loop, woken by the
+//     client's doorbell, or the receive goroutine polling the ring, step 6)
+//     calls QP.PostSend: q.mu, the engine queues the request, unlock.
+//  2. Same goroutine: kernelConn.kick takes the transmit path (kc.mu, then
+//     q.mu; no hand-off when it is idle), mpaConn.Fill has the engine build
+//     FPDUs into a pooled buffer, unlock, and one non-blocking sendmsg
+//     gives them to the kernel. Only if the socket does not take them all
+//     does a transmit goroutine start, to wait for room (hand-off, rare).
+//  3. Kernel TCP and the wire.
+//  4. The peer's receive goroutine wakes in read (the one wake-up of the
+//     direction, as for any TCP application): BeforeReceive (softrnicd:
+//     receives queued in the client's ring go in first), then kc.mu and
+//     q.mu, mpaConn.Receive → the engine places the payload in the
+//     registered memory and makes any completion, unlock.
+//  5. Same goroutine: events go to the consumer (QP.unlock), completions
+//     are forwarded (Completed: softrnicd writes them to the client's
+//     event ring and signals it if it sleeps), and whatever the QP owes
+//     (a Read Response, a Terminate) is sent as in 2.
+//  6. Same goroutine: Poll, for up to PollFor while nothing more arrives,
+//     takes the answer an application posts to what it received and sends
+//     it as in 1–2, with no wake-up on either side.
+//
+// Per direction: one wake-up (4), or two when the post finds the ring loop
+// asleep (1); a round trip between two applications that answer each
+// other, two, as kernel TCP's ping-pong. (Before issue 15: four hand-offs
+// per direction — doorbell goroutine, session loop, transmit loop, peer's
+// receive loop — and a needless wake of the peer's transmit loop.)
+//
+// The life of an RDMA Write, xdp datapath (one pinned poller per CPU):
+//
+//  1. The client's post lands in the EP's ring, which its QP's poller
+//     polls (softrnicd's ringSource; a doorbell only if it sleeps):
+//     QP.PostSend under q.mu on the poller, then engineConn.kick queues a
+//     serve on the same poller.
+//  2. Same poller, same turn: serve → tcp.Conn.Kick; the TCP engine's
+//     Output calls engineConn.Fill (q.mu) → mpaConn.Fill → the engine's
+//     FPDUs straight into the TCP send buffer, segmented into UMEM frames
+//     on the AF_XDP TX ring, one sendto kick per batch.
+//  3. veth, the peer's XDP program steers the segments to its AF_XDP
+//     socket.
+//  4. The peer's poller (spinning, or woken by its socket) runs
+//     tcp.Stack.Input → engineConn.Receive (q.mu) → mpaConn.Receive →
+//     the engine places from the receive frame; completions are forwarded
+//     by the EVD's source on the same poller.
+//
+// No goroutine hand-off on either side while the pollers spin.
 //
 // Callbacks and locks. No callback re-enters a lock its caller holds:
 //   - the TCP engine calls Handlers only from the poller's Input, Advance
 //     and Output, never from a Conn method and never nested (tcp/events.go),
 //     so engineConn may take the QP's mutex in its callbacks, and code that
 //     holds that mutex may call any Conn method;
+//   - a kernelConn takes its mutex and then the QP's around every call into
+//     its mpaConn; nothing holding the QP's mutex takes the connection's;
 //   - the QP engine's events, raised under the QP's mutex, are queued and
 //     handed to the consumer (OnEvent, Events) by QP.unlock after the mutex
-//     is released, in order;
+//     is released, in order; Completed and Poll run with no lock held;
 //   - a CQ's Handler runs under the QP's mutex and may only wake a poller.
 package rnic
 

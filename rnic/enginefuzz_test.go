@@ -2,7 +2,7 @@ package rnic
 
 // FuzzEngineConn drives one connection of the accelerated datapath through
 // the code a poller runs for it — tcp.Stack, the connection's engineConn,
-// EngineLLP (MPA startup, then the QP engine), qp.QP, the CQs and the
+// mpaConn (MPA startup, then the QP engine), qp.QP, the CQs and the
 // device's registered memory — against a scripted peer that does whatever
 // the fuzz input says, at every phase: the TCP handshake, MPA startup, the
 // established connection and the close.
@@ -259,6 +259,7 @@ type efHarness struct {
 	eager       int  // receives BeforeReceive posted
 	started     bool // the QP has been connected (RTS)
 	finAt       tcp.Time
+	finFire     func() // the close timer started at our FIN
 	finFired    bool
 
 	// evMu guards events: OnEvent may run on a timer's goroutine (the
@@ -325,6 +326,11 @@ func newEfHarness(r *efInput) (*efHarness, error) {
 	if mode&efEagerRecv != 0 {
 		h.q.attr.BeforeReceive = h.beforeReceive
 	}
+	h.q.closeTimer = func(fire func()) {
+		if h.finFire == nil {
+			h.finAt, h.finFire = h.now, fire
+		}
+	}
 	h.cfgPD = r.take(int(pdlen % 40))
 
 	p := &h.peer
@@ -347,16 +353,8 @@ func newEfHarness(r *efInput) (*efHarness, error) {
 	if h.initiator {
 		// As connectEngine does, up to the poller's Connect.
 		q := h.q
-		cfg := q.mpaConfig(h.cfgPD)
-		ec := newEngineConn(h.pl, q, NewEngineLLP(q.eng, cfg, true))
-		ec.result = make(chan error, 1)
-		ec.llp.OnReady = func(e *EngineLLP) {
-			ec.id = e.conn.ID()
-			q.post(ConnEvent{Kind: Established, PrivateData: clone(e.Params.PeerPrivateData)})
-			ec.report(nil)
-		}
 		q.mu.Lock()
-		q.ec = ec
+		ec := q.activeEngineConn(h.pl, q.mpaConfig(h.cfgPD))
 		q.unlock()
 		h.ec = ec
 		p.port = efListenPort
@@ -447,8 +445,8 @@ func (h *efHarness) beforeReceive() {
 	h.allow(efSink, off, 64)
 }
 
-// llp is our connection's EngineLLP once the QP has one.
-func (h *efHarness) llp() *EngineLLP {
+// llp is our connection's mpaConn once the QP has one.
+func (h *efHarness) llp() *mpaConn {
 	if h.initiator {
 		return h.ec.llp
 	}
@@ -530,7 +528,7 @@ func (h *efHarness) advanceTo(target tcp.Time) error {
 			return fmt.Errorf("timers keep firing: %d due before %v", i, time.Duration(target-h.now))
 		}
 		next, ok := h.stack.NextTimer()
-		fin := h.finAt != 0 && !h.finFired
+		fin := h.finFire != nil && !h.finFired
 		finDue := h.finAt.Add(closeTimeout)
 		if fin && (!ok || finDue < next) {
 			next, ok = finDue, true
@@ -542,8 +540,7 @@ func (h *efHarness) advanceTo(target tcp.Time) error {
 		if fin && h.now >= finDue {
 			h.finFired = true
 			h.tracef("close timer fires")
-			ec := h.activeEC()
-			ec.closeTimedOut(h.q)
+			h.finFire()
 			h.serve()
 		}
 		h.stack.Advance(h.now)
@@ -580,11 +577,7 @@ func (h *efHarness) consumerWakes() {
 			if err != nil {
 				// As connectEngine does when the startup failed.
 				h.startErr = err
-				h.q.mu.Lock()
-				if h.q.ec == h.ec {
-					h.q.ec = nil
-				}
-				h.q.unlock()
+				h.q.letGo(h.ec)
 			}
 		default:
 		}
@@ -707,10 +700,10 @@ func (h *efHarness) consumer(r *efInput) {
 			}
 		}
 	case 5:
-		// The close timer of engineConn.Fill fires early.
-		if ec := h.activeEC(); ec != nil && ec.finTimer && !h.finFired {
+		// The close timer started at our FIN fires early.
+		if h.finFire != nil && !h.finFired {
 			h.finFired = true
-			ec.closeTimedOut(h.q)
+			h.finFire()
 			h.serve()
 		}
 	}
@@ -769,23 +762,8 @@ func (h *efHarness) accept(private []byte) {
 	switch {
 	case c == nil:
 		err = xdpnet.ErrGone
-	case cr.gone.Load() || ec.conn == nil:
-		err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
 	default:
-		q.mu.Lock()
-		ec.q = q
-		if err = ec.llp.Accept(q.eng, cfg); err != nil {
-			ec.q = nil
-			q.unlock()
-			break
-		}
-		q.ec = ec
-		q.post(ConnEvent{Kind: Established, PrivateData: cr.PrivateData})
-		abort := q.abort
-		q.unlock()
-		if abort {
-			c.Abort()
-		}
+		err = ec.adopt(q, cfg, c, cr.gone.Load())
 	}
 	h.tracef("accept: %v", err)
 	h.acceptErr = err
@@ -804,11 +782,7 @@ func (h *efHarness) timeoutsFire() {
 		h.resultSeen = true
 		h.startErr = ErrTimedOut
 		h.conn.Abort()
-		h.q.mu.Lock()
-		if h.q.ec == h.ec {
-			h.q.ec = nil
-		}
-		h.q.unlock()
+		h.q.letGo(h.ec)
 	}
 	if h.initiator {
 		return
@@ -891,9 +865,6 @@ func (h *efHarness) finish() error {
 func (h *efHarness) check() error {
 	if llp := h.llp(); llp != nil && llp.Ready() {
 		h.started = true
-	}
-	if ec := h.activeEC(); ec != nil && ec.finTimer && h.finAt == 0 {
-		h.finAt = h.now
 	}
 	// Memory: a region the peer invalidated is no longer its to write.
 	if rw := h.regions[efRW]; !h.rwFrozen && !rw.mr.Valid() {

@@ -68,10 +68,10 @@ func drain(cq *completion.CQ, into *[]completion.Completion) {
 	}
 }
 
-// responder gives each passive connection an EngineLLP for the listening
+// responder gives each passive connection an mpaConn for the listening
 // side's QP.
 type responder struct {
-	llp *EngineLLP
+	llp *mpaConn
 }
 
 func (r *responder) Receive(c *tcp.Conn, b []byte) int { return r.llp.Receive(c, b) }
@@ -107,12 +107,12 @@ func TestQPOverTCPEngine(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		resp := &responder{llp: NewEngineLLP(b.q, cfg, false)}
+		resp := &responder{llp: newMPAConn(b.q, cfg, false)}
 		if _, err := sb.Listen(netip.Addr{}, 4791, resp); err != nil {
 			t.Fatal(err)
 		}
-		init := NewEngineLLP(a.q, cfg, true)
-		if _, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 4791), init); err != nil {
+		init := newMPAConn(a.q, cfg, true)
+		if _, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 4791), &responder{llp: init}); err != nil {
 			t.Fatal(err)
 		}
 		if !n.Run(10*time.Second, func() bool { return init.Ready() && resp.llp.Ready() }) {
@@ -175,12 +175,12 @@ func TestEngineNegotiationFailureTerminates(t *testing.T) {
 	link := func() *sim.Link { return &sim.Link{Delay: time.Millisecond} }
 	n := sim.New(7, sa, sb, link(), link())
 	a, b := newEngineSide(t, 1), newEngineSide(t, 2)
-	resp := &responder{llp: NewEngineLLP(b.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRWrite}, false)}
+	resp := &responder{llp: newMPAConn(b.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRWrite}, false)}
 	if _, err := sb.Listen(netip.Addr{}, 4791, resp); err != nil {
 		t.Fatal(err)
 	}
-	init := NewEngineLLP(a.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRRead}, true)
-	if _, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 4791), init); err != nil {
+	init := newMPAConn(a.q, mpa.Config{CRC: true, IRD: 8, ORD: 8, PeerToPeer: true, RTR: mpa.RTRRead}, true)
+	if _, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, 4791), &responder{llp: init}); err != nil {
 		t.Fatal(err)
 	}
 	got := func() bool {

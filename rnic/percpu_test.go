@@ -3,6 +3,7 @@ package rnic
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"net/netip"
 	"runtime"
@@ -194,7 +195,7 @@ func TestEngineCloseTimeout(t *testing.T) {
 			return
 		}
 		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		req, err := readFrame(c, false)
+		req, err := readMPAFrame(c, false)
 		if err != nil {
 			c.Close()
 			return
@@ -231,4 +232,23 @@ func TestEngineCloseTimeout(t *testing.T) {
 	if !q.Ended() {
 		t.Fatal("QP not ended")
 	}
+}
+
+// readMPAFrame reads one MPA startup frame from a bare socket, for tests
+// whose peer answers by hand.
+func readMPAFrame(conn net.Conn, reply bool) (mpa.Frame, error) {
+	buf := make([]byte, mpa.FrameHeaderLen)
+	if _, err := io.ReadFull(conn, buf); err != nil {
+		return mpa.Frame{}, err
+	}
+	n, err := mpa.FrameLen(buf)
+	if err != nil {
+		return mpa.Frame{}, err
+	}
+	buf = append(buf, make([]byte, n-len(buf))...)
+	if _, err := io.ReadFull(conn, buf[mpa.FrameHeaderLen:]); err != nil {
+		return mpa.Frame{}, err
+	}
+	f, _, err := mpa.ParseFrame(buf, reply)
+	return f, err
 }

@@ -1,15 +1,9 @@
 package rnic
 
 import (
-	"errors"
 	"fmt"
-	"io"
-	"net"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
@@ -51,6 +45,25 @@ type QPAttr struct {
 	// connection with "no buffer". On the accelerated datapath it runs
 	// on the QP's poller and must not block.
 	BeforeReceive func()
+	// Completed, if set, runs after a goroutine that made completions on
+	// the QP's CQs under its lock has released it: with no lock of the
+	// QP held, on that goroutine (the kernel datapath's receive or
+	// posting goroutine, a poller, a consumer's call), before it goes on.
+	// A consumer that forwards completions (the daemon: into its rings)
+	// does it there, with no hand-off. It must not block.
+	Completed func()
+	// Poll, if set, looks for work the consumer queued elsewhere and
+	// posts it (the daemon: the client's rings), reporting whether it
+	// found any. On the kernel datapath the receive goroutine, once it
+	// has delivered what arrived, calls it while nothing more arrives,
+	// for at most PollFor (DefaultPollFor if 0), yielding the processor
+	// between looks: an application that answers what it was sent has
+	// its answer taken and sent from there, with no wake-up. It runs
+	// with no lock held and must not block.
+	Poll    func() bool
+	PollFor time.Duration
+	// PollDone, if set, is called when such a run of Polls ends.
+	PollDone func()
 }
 
 // Timeouts of connection management.
@@ -61,6 +74,9 @@ const (
 	// closeTimeout bounds the wait for the peer's FIN after ours.
 	closeTimeout = 5 * time.Second
 	ioBuf        = 256 << 10
+	// DefaultPollFor is QPAttr.PollFor's default: about two round trips
+	// of kernel TCP between two hosts on one machine.
+	DefaultPollFor = 50 * time.Microsecond
 )
 
 // ConnEventKind classifies connection events.
@@ -99,37 +115,50 @@ type QP struct {
 	// handlers of the CQs) must not block or take it again; connection
 	// events are queued in evq while it is held and delivered by unlock
 	// after it is released, so a consumer's OnEvent never runs under it.
-	// Nothing holding mu calls into the TCP engine's driving calls (see
-	// tcp/events.go), so engineConn's callbacks may take it.
+	// Nothing holding mu calls into its connection's driving calls (the
+	// TCP engine's, see tcp/events.go; the kernel connection's mutex),
+	// so the connections' callbacks may take it.
 	mu  sync.Mutex
 	evq []ConnEvent
 	// delivering: a goroutine is delivering evq (see unlock).
 	delivering bool
 	eng        *qp.QP
-	conn       *net.TCPConn
-	ec         *engineConn // the connection on the accelerated datapath
-	// accepting: an accelerated-datapath Accept has taken the QP and
-	// has not yet published ec.
+	// conn is the QP's connection, on whichever datapath; nil before
+	// Connect or Accept and after Reset.
+	conn llpConn
+	// accepting: an Accept has taken the QP and has not yet published
+	// conn.
 	accepting bool
 	// cpuCalls and cpuOff: engine calls counted by noteCPU, and those
 	// off the poller's CPU (with cpuCheck on).
 	cpuCalls, cpuOff int
-	sentTot          uint64
-	abort            bool
-	finSent          bool
-	heard            atomic.Bool // the receive loop has read something
-	// writing is set while the transmit loop has FPDUs in conn.Write that
-	// the engine has not yet been told were sent; wrote is signalled when
-	// it clears. See llpClosed.
-	writing bool
-	wrote   chan struct{}
+	// abort: the consumer disconnected abortively, or the peer did not
+	// answer our FIN; the connection is reset.
+	abort bool
+	// closeTimer, if set, replaces the closeTimeout timer that attach
+	// starts at our FIN (the engine fuzz harness runs it on its clock).
+	closeTimer func(fire func())
 
 	events chan ConnEvent
-	txWake chan struct{}
-	rxDone chan struct{}
-	loops  sync.WaitGroup
 
 	destroyOnce sync.Once
+}
+
+// llpConn is a QP's connection as the QP sees it, one implementation per
+// datapath (llp_kernel.go, llp_engine.go). Its MPA layer (mpaConn) is read
+// and driven under q.mu; the other methods are called with no lock held.
+type llpConn interface {
+	// mpa is the connection's MPA layer.
+	mpa() *mpaConn
+	// kick: work was posted or the QP disconnected; transmit what the
+	// engine has (the kernel datapath from the calling goroutine when
+	// its socket takes it), or reset the connection if q.abort.
+	kick()
+	// release lets go of the connection for Reset or Destroy, resetting
+	// it if abort, once the QP's engine is over with it; it returns when
+	// nothing of the connection runs the QP's engine any more.
+	release(abort bool)
+	addrs() (local, remote string)
 }
 
 // CreateQP creates a queue pair in a protection domain.
@@ -152,8 +181,7 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 		return nil, fmt.Errorf("create QP: %w", ErrResources)
 	}
 	d.qpn++
-	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8), txWake: make(chan struct{}, 1),
-		wrote: make(chan struct{}, 1)}
+	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8)}
 	d.qps[q.qpn] = q
 	d.mu.Unlock()
 	eng, err := qp.New(qp.Config{QPN: q.qpn, PD: pd.id, SQDepth: attr.SQDepth, RQDepth: attr.RQDepth,
@@ -184,14 +212,12 @@ func (q *QP) Ended() bool {
 // strings when the QP has no connection.
 func (q *QP) Addrs() (local, remote string) {
 	q.mu.Lock()
-	defer q.unlock()
-	if q.ec != nil {
-		return q.ec.addrs()
-	}
-	if q.conn == nil {
+	c := q.conn
+	q.unlock()
+	if c == nil {
 		return "", ""
 	}
-	return q.conn.LocalAddr().String(), q.conn.RemoteAddr().String()
+	return c.addrs()
 }
 
 // Vector is the completion vector (poller) the QP and its CQs belong to.
@@ -225,6 +251,10 @@ func (q *QP) post(ev ConnEvent) { q.evq = append(q.evq, ev) }
 // held, with no lock held. One goroutine delivers at a time, taking what
 // others post meanwhile, so events reach the consumer in order.
 func (q *QP) unlock() {
+	completed := q.attr.Completed != nil && q.eng.TakePushed()
+	if completed {
+		defer q.attr.Completed()
+	}
 	if len(q.evq) == 0 || q.delivering {
 		q.mu.Unlock()
 		return
@@ -266,14 +296,10 @@ func (q *QP) deliver(ev ConnEvent) {
 func (q *QP) PostSend(wr *qp.SendWR) error {
 	q.mu.Lock()
 	err := q.eng.PostSend(wr)
-	work := err == nil && q.conn != nil
-	ec := q.ec
+	c := q.conn
 	q.unlock()
-	if work {
-		q.wake()
-	}
-	if err == nil && ec != nil {
-		ec.kick()
+	if err == nil && c != nil {
+		c.kick()
 	}
 	return err
 }
@@ -284,13 +310,6 @@ func (q *QP) PostRecv(wr *qp.RecvWR) error {
 	q.mu.Lock()
 	defer q.unlock()
 	return q.eng.PostRecv(wr)
-}
-
-func (q *QP) wake() {
-	select {
-	case q.txWake <- struct{}{}:
-	default:
-	}
 }
 
 // Disconnect closes the connection: gracefully (outstanding requests finish,
@@ -305,21 +324,12 @@ func (q *QP) Disconnect(graceful bool) {
 	// which did nothing wrong, would end Broken.
 	if !graceful && !q.closedInOrderLocked() {
 		q.abort = true
-		if q.conn != nil {
-			// A transmit loop blocked in Write on a peer that stopped
-			// reading or acknowledging would see the abort only when
-			// the write ended, and one waiting for the peer's FIN
-			// after a Terminate only at closeTimeout: end both now;
-			// the transmit loop then resets the connection.
-			_ = q.conn.SetDeadline(time.Now())
-		}
 	}
 	q.eng.Disconnect(graceful)
-	ec := q.ec
+	c := q.conn
 	q.unlock()
-	q.wake()
-	if ec != nil {
-		ec.kick()
+	if c != nil {
+		c.kick()
 	}
 }
 
@@ -327,42 +337,37 @@ func (q *QP) Disconnect(graceful bool) {
 func (q *QP) closedInOrderLocked() bool { return q.eng.Ended() && q.eng.State() == qp.Idle }
 
 // Reset returns a QP whose connection ended to a fresh, unconnected state
-// (DAT ep_reset), once its loops are done.
+// (DAT ep_reset), once its connection has let go of it.
 func (q *QP) Reset() error {
 	q.mu.Lock()
-	ended := q.eng.Ended()
+	ended, c, abort := q.eng.Ended(), q.conn, q.abort
 	q.unlock()
 	if !ended {
 		return fmt.Errorf("reset QP %d: connection not over: %w", q.qpn, ErrState)
 	}
-	q.loops.Wait()
-	q.mu.Lock()
-	ec := q.ec
-	q.unlock()
-	if ec != nil {
-		ec.detach(false)
+	if c != nil {
+		c.release(abort)
 	}
 	q.mu.Lock()
 	defer q.unlock()
 	if err := q.eng.Reset(); err != nil {
 		return fmt.Errorf("reset QP %d: %w", q.qpn, ErrState)
 	}
-	q.conn, q.ec, q.sentTot, q.abort, q.finSent = nil, nil, 0, false, false
-	q.heard.Store(false)
+	q.conn, q.abort = nil, false
 	return nil
 }
 
 // Destroy aborts the connection if any (one that ended in order is left
-// to finish its close), waits for its loops to end, and frees the QP.
+// to finish its close), waits for the connection to let go of the QP, and
+// frees the QP.
 func (q *QP) Destroy() {
 	q.destroyOnce.Do(func() {
 		q.Disconnect(false)
-		q.loops.Wait()
 		q.mu.Lock()
-		ec, abort := q.ec, q.abort
+		c, abort := q.conn, q.abort
 		q.unlock()
-		if ec != nil {
-			ec.detach(abort)
+		if c != nil {
+			c.release(abort)
 		}
 		q.dev.mu.Lock()
 		delete(q.dev.qps, q.qpn)
@@ -381,177 +386,49 @@ func (q *QP) mpaConfig(private []byte) mpa.Config {
 	return c
 }
 
-// start moves the engine to RTS on conn and runs the loops.
-func (q *QP) start(conn *net.TCPConn, p mpa.Params, initiator bool, established ConnEvent) error {
-	emss, err := effectiveMSS(conn)
-	if err != nil {
-		return err
+// attach makes llp the QP's MPA layer: Established is posted where the
+// QP reaches RTS, under the connection's locks and before anything that
+// follows on the connection, and the wait for the peer's FIN starts where
+// ours goes out. q.mu held, or the QP not yet shared with the connection.
+func (q *QP) attach(llp *mpaConn) {
+	llp.OnReady = func(e *mpaConn) {
+		q.post(ConnEvent{Kind: Established, PrivateData: clone(e.Params.PeerPrivateData)})
 	}
+	llp.OnClose = func() {
+		c := q.conn
+		fire := func() { q.closeTimedOut(c) }
+		if q.closeTimer != nil {
+			q.closeTimer(fire)
+			return
+		}
+		time.AfterFunc(closeTimeout, fire)
+	}
+}
+
+// closeTimedOut ends a close the peer has not completed within
+// closeTimeout of our FIN (a graceful disconnect, or the end after a
+// Terminate): the connection is reset and what remains is flushed. A
+// connection that ended in order has nothing left to reset.
+func (q *QP) closeTimedOut(c llpConn) {
 	q.mu.Lock()
-	if err := q.eng.Connect(p, emss, initiator); err != nil {
+	if q.conn != c || c == nil || q.closedInOrderLocked() {
 		q.unlock()
-		return err
+		return
 	}
-	q.conn = conn
-	q.rxDone = make(chan struct{})
-	// Counted before Established goes out: a consumer may Destroy the
-	// QP as soon as it has the event, and Destroy waits for the loops.
-	q.loops.Add(2)
-	// Established goes out before the loops run: once they do, a reset
-	// that arrives at once makes the receive loop post Broken, which
-	// must come after it (seen: a responder whose initiator aborted
-	// right after connecting got Broken, then Established).
-	q.post(established)
+	q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
+	q.abort = true
 	q.unlock()
-	go q.rxLoop()
-	go q.txLoop()
-	q.wake()
-	return nil
+	c.kick()
 }
 
-func effectiveMSS(c *net.TCPConn) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var mss int
-	var serr error
-	if err := rc.Control(func(fd uintptr) { mss, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) }); err != nil {
-		return 0, err
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("TCP_MAXSEG: %w", serr)
-	}
-	return min(mss, mpa.MaxULPDU), nil
-}
-
-func (q *QP) rxLoop() {
-	defer q.loops.Done()
-	defer close(q.rxDone)
-	buf := make([]byte, ioBuf)
-	for {
-		n, err := q.conn.Read(buf)
-		if n > 0 {
-			q.heard.Store(true)
-			if q.attr.BeforeReceive != nil {
-				q.attr.BeforeReceive()
-			}
-			q.mu.Lock()
-			q.eng.Receive(buf[:n])
-			q.unlock()
-			q.wake()
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				q.llpClosed(nil)
-			} else {
-				q.llpClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
-			}
-			q.wake()
-			return
-		}
-	}
-}
-
-// llpClosed tells the engine the stream ended, once the transmit loop has
-// reported what it was writing: a peer can take our last Send, answer and
-// close before conn.Write returns, and that Send must complete, not be
-// flushed. It waits at most closeTimeout for a write the peer is not
-// reading.
-func (q *QP) llpClosed(err error) {
-	deadline := time.After(closeTimeout)
+// letGo forgets c, a connection whose active open failed: it finishes
+// alone what it owes the peer (a Terminate, the FIN).
+func (q *QP) letGo(c llpConn) {
 	q.mu.Lock()
-	defer q.unlock()
-	for q.writing {
-		q.unlock()
-		select {
-		case <-q.wrote:
-		case <-deadline:
-			q.mu.Lock()
-			q.eng.LLPClosed(err)
-			return
-		}
-		q.mu.Lock()
+	if q.conn == c {
+		q.conn = nil
 	}
-	q.eng.LLPClosed(err)
-}
-
-// wroteDone ends a write begun in txLoop; q.mu is held.
-func (q *QP) wroteDone() {
-	q.writing = false
-	select {
-	case q.wrote <- struct{}{}:
-	default:
-	}
-}
-
-func (q *QP) txLoop() {
-	defer q.loops.Done()
-	buf := make([]byte, ioBuf)
-	var closeTimer <-chan time.Time
-	for {
-		q.mu.Lock()
-		n := q.eng.Transmit(buf)
-		ended, drained, abort := q.eng.Ended(), q.eng.Drained(), q.abort
-		q.writing = n > 0
-		q.unlock()
-		if n > 0 {
-			if _, err := q.conn.Write(buf[:n]); err != nil {
-				q.mu.Lock()
-				q.wroteDone()
-				q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
-				q.unlock()
-				q.abortConn()
-				return
-			}
-			q.mu.Lock()
-			q.sentTot += uint64(n)
-			q.eng.Sent(q.sentTot)
-			q.wroteDone()
-			q.unlock()
-			continue
-		}
-		switch {
-		case ended && abort:
-			q.abortConn()
-			return
-		case ended:
-			// Graceful end, or after a Terminate: FIN, then wait a
-			// while for the peer's so the Terminate is delivered
-			// (RFC 5040 §6.2.1) — unless the consumer aborts meanwhile
-			// (Disconnect ends the wait), which resets.
-			q.sendFIN()
-			q.mu.Lock()
-			if !q.abort {
-				_ = q.conn.SetReadDeadline(time.Now().Add(closeTimeout))
-			}
-			q.unlock()
-			<-q.rxDone
-			q.mu.Lock()
-			abort := q.abort
-			q.unlock()
-			if abort {
-				q.abortConn()
-			} else {
-				_ = q.conn.Close()
-			}
-			return
-		case drained:
-			q.sendFIN()
-			if closeTimer == nil {
-				closeTimer = time.After(closeTimeout)
-			}
-		}
-		select {
-		case <-q.txWake:
-		case <-closeTimer:
-			// The peer never answered our FIN.
-			q.mu.Lock()
-			q.eng.LLPClosed(fmt.Errorf("%w: no FIN from the peer", ddp.LLPConnectionLost))
-			q.abort = true
-			q.unlock()
-		}
-	}
+	q.unlock()
 }
 
 // nudgeDelay is how long an initiator waits for the first word from the
@@ -561,7 +438,7 @@ const nudgeDelay = 50 * time.Millisecond
 // busyLocked: the QP has, or is getting, a connection, or cannot take one;
 // q.mu held.
 func (q *QP) busyLocked() bool {
-	return q.conn != nil || q.ec != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
+	return q.conn != nil || q.accepting || q.eng.State() != qp.Idle || q.eng.Ended()
 }
 
 // nudgeIfSilent sends a zero-length Write if the peer has sent nothing
@@ -569,34 +446,13 @@ func (q *QP) busyLocked() bool {
 // loses the wake-up for FPDUs that arrive between its MPA Reply and its
 // QP taking over the socket, and waits until more data comes.
 func (q *QP) nudgeIfSilent() {
-	if q.heard.Load() {
+	q.mu.Lock()
+	c := q.conn
+	if c == nil || c.mpa().heard || c.mpa().sent == 0 {
+		q.unlock()
 		return
 	}
-	q.mu.Lock()
-	sent := q.sentTot > 0
-	if q.ec != nil {
-		sent = q.ec.llp.sent > 0 // the engine datapath counts in its LLP
-	}
-	if sent {
-		q.eng.Nudge()
-	}
-	ec := q.ec
+	q.eng.Nudge()
 	q.unlock()
-	q.wake()
-	if ec != nil {
-		ec.kick()
-	}
-}
-
-func (q *QP) sendFIN() {
-	if !q.finSent {
-		q.finSent = true
-		_ = q.conn.CloseWrite()
-	}
-}
-
-// abortConn resets the connection (SO_LINGER 0 makes close send RST).
-func (q *QP) abortConn() {
-	_ = q.conn.SetLinger(0)
-	_ = q.conn.Close()
+	c.kick()
 }

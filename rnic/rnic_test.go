@@ -6,10 +6,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"math/rand/v2"
-	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
@@ -65,7 +66,14 @@ func (h *host) mr(n int, access qp.Access) *MR {
 // pair connects a client QP to a server QP over loopback.
 func pair(t testing.TB, srv, cli *host, sattr, cattr QPAttr, prep func(s, c *QP)) (s, c *QP) {
 	t.Helper()
-	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
+	return pairAt(t, "127.0.0.1:0", srv, cli, sattr, cattr, prep)
+}
+
+// pairAt connects a client QP to a server QP listening on laddr, with
+// private data both ways; both QPs have seen Established.
+func pairAt(t testing.TB, laddr string, srv, cli *host, sattr, cattr QPAttr, prep func(s, c *QP)) (s, c *QP) {
+	t.Helper()
+	ln, err := srv.dev.Listen(laddr, ListenOptions{})
 	must(t, err)
 	defer ln.Close()
 	s, c = srv.qp(sattr), cli.qp(cattr)
@@ -141,13 +149,17 @@ func waitEvent(t testing.TB, q *QP, kinds ...ConnEventKind) ConnEvent {
 	}
 }
 
-func TestEveryOperationOverTCP(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
+// TestEveryOperationOverTCP moves every operation, with receives posted
+// before the connection exists, and closes gracefully.
+func TestEveryOperationOverTCP(t *testing.T) { onBothDatapaths(t, testEveryOperation) }
+
+func testEveryOperation(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
 	sbuf := srv.mr(1<<20, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead|qp.RemoteAtomic)
 	cbuf := cli.mr(1<<20, qp.LocalWrite)
 	fillRand(cbuf.Buf[:200000], 1)
 	fillRand(sbuf.Buf[500000:700000], 2)
-	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, c *QP) {
+	s, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, c *QP) {
 		// Receives posted before the connection exists.
 		for i := 0; i < 3; i++ {
 			must(t, s.PostRecv(&qp.RecvWR{ID: uint64(100 + i), SGL: []qp.SGE{{LKey: sbuf.STag, Addr: sbuf.Base + 800000 + uint64(i)*65536, Length: 65536}}}))
@@ -159,7 +171,10 @@ func TestEveryOperationOverTCP(t *testing.T) {
 	post(qp.SendWR{ID: 2, Op: qp.OpSend, Flags: qp.Signaled | qp.Solicited, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 50000}}})
 	post(qp.SendWR{ID: 3, Op: qp.OpRead, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base + 300000, Length: 200000}},
 		RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base + 500000})
-	binary.NativeEndian.PutUint64(sbuf.Buf[1000000:], 5)
+	// The target word is the RNIC's to update atomically, and ours to
+	// read and write only atomically while it may.
+	target := (*uint64)(unsafe.Pointer(&sbuf.Buf[1000000]))
+	atomic.StoreUint64(target, 5)
 	post(qp.SendWR{ID: 4, Op: qp.OpFetchAdd, Flags: qp.Signaled, Add: 10, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base + 600000, Length: 8}},
 		RemoteSTag: sbuf.STag, RemoteTO: sbuf.Base + 1000000})
 	post(qp.SendWR{ID: 5, Op: qp.OpImmediate, Flags: qp.Signaled, Immediate: [8]byte{9, 9, 9}})
@@ -182,7 +197,7 @@ func TestEveryOperationOverTCP(t *testing.T) {
 	if !bytes.Equal(cbuf.Buf[300000:500000], sbuf.Buf[500000:700000]) {
 		t.Fatal("RDMA Read data differs")
 	}
-	if got, old := binary.NativeEndian.Uint64(sbuf.Buf[1000000:]), binary.NativeEndian.Uint64(cbuf.Buf[600000:]); got != 15 || old != 5 {
+	if got, old := atomic.LoadUint64(target), binary.NativeEndian.Uint64(cbuf.Buf[600000:]); got != 15 || old != 5 {
 		t.Fatalf("fetch-add: target %d, result %d", got, old)
 	}
 
@@ -211,11 +226,11 @@ func fillRand(b []byte, seed uint64) {
 	}
 }
 
-func TestRejectCarriesPrivateData(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
-	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
-	must(t, err)
-	defer ln.Close()
+func TestRejectCarriesPrivateData(t *testing.T) { onBothDatapaths(t, testRejectCarriesPrivateData) }
+
+func testRejectCarriesPrivateData(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	ln := f.listen(t, srv, ListenOptions{})
 	go func() {
 		cr, err := ln.Accept(context.Background())
 		if err == nil {
@@ -223,28 +238,37 @@ func TestRejectCarriesPrivateData(t *testing.T) {
 		}
 	}()
 	c := cli.qp(QPAttr{})
-	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{})
+	_, err := c.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{})
 	var rej *RejectedError
 	if !errors.As(err, &rej) || string(rej.PrivateData) != "go away" {
 		t.Fatalf("connect: %v", err)
 	}
 }
 
-func TestConnectFailures(t *testing.T) {
-	cli := newHost(t)
-	// Nobody listens: unreachable.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
+// TestConnectFailures: the initiator's outcome against a port nobody
+// listens on and against peers that are not RNICs, from the server host's
+// kernel (on xdp, B's steering program passes their flows to B's kernel).
+func TestConnectFailures(t *testing.T) { onBothDatapaths(t, testConnectFailures) }
+
+func testConnectFailures(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	// Nobody listens: unreachable (the SYN is answered by a reset).
+	l := f.listenTCP(t)
 	addr := l.Addr().String()
 	l.Close()
 	c := cli.qp(QPAttr{})
 	if _, err := c.Connect(context.Background(), addr, ConnectOptions{}); !errors.Is(err, ErrUnreachable) {
 		t.Fatalf("closed port: %v", err)
 	}
+	// Nor after the RNIC's own listener on the port closed.
+	ln := f.listen(t, srv, ListenOptions{})
+	ln.Close()
+	c1 := cli.qp(QPAttr{})
+	if _, err := c1.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{}); !errors.Is(err, ErrUnreachable) {
+		t.Fatalf("closed RNIC listener: %v", err)
+	}
 	// A TCP server that never answers the MPA Request: timed out.
-	l, err = net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l.Close()
+	l = f.listenTCP(t)
 	go func() {
 		if conn, err := l.Accept(); err == nil {
 			defer conn.Close()
@@ -256,9 +280,7 @@ func TestConnectFailures(t *testing.T) {
 		t.Fatalf("silent server: %v", err)
 	}
 	// Something that is not MPA answers: an invalid frame.
-	l2, err := net.Listen("tcp", "127.0.0.1:0")
-	must(t, err)
-	defer l2.Close()
+	l2 := f.listenTCP(t)
 	go func() {
 		if conn, err := l2.Accept(); err == nil {
 			defer conn.Close()
@@ -272,10 +294,12 @@ func TestConnectFailures(t *testing.T) {
 	}
 }
 
-func TestProtocolErrorOverTCP(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
+func TestProtocolErrorOverTCP(t *testing.T) { onBothDatapaths(t, testProtocolError) }
+
+func testProtocolError(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
 	cbuf := cli.mr(64, qp.LocalWrite)
-	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	s, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
 	must(t, c.PostSend(&qp.SendWR{ID: 1, Op: qp.OpRead, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 8}},
 		RemoteSTag: 0xabcd01, RemoteTO: 0}))
 	cpl := wait(t, cli.scq, 1)[0]
@@ -289,9 +313,11 @@ func TestProtocolErrorOverTCP(t *testing.T) {
 	waitEvent(t, c, Broken)
 }
 
-func TestAbortIsSeenByThePeer(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
-	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+func TestAbortIsSeenByThePeer(t *testing.T) { onBothDatapaths(t, testAbortIsSeenByThePeer) }
+
+func testAbortIsSeenByThePeer(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	s, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
 	c.Disconnect(false)
 	waitEvent(t, c, Broken)
 	if ev := waitEvent(t, s, Disconnected, Broken); ev.Kind != Broken {
@@ -299,8 +325,12 @@ func TestAbortIsSeenByThePeer(t *testing.T) {
 	}
 }
 
-func TestQPLivesOnOneVector(t *testing.T) {
-	h := newHost(t)
+// TestQPLivesOnOneVector: a QP's CQs share one completion vector, which
+// is the QP's (on xdp, it names the poller the QP runs on).
+func TestQPLivesOnOneVector(t *testing.T) { onBothDatapaths(t, testQPLivesOnOneVector) }
+
+func testQPLivesOnOneVector(t *testing.T, f *fabric) {
+	h, _ := f.hosts(t)
 	other, err := h.dev.CreateCQ(16, 1)
 	must(t, err)
 	if _, err := h.dev.CreateQP(h.pd, QPAttr{SQDepth: 1, RQDepth: 1, SendCQ: h.scq, RecvCQ: other}); !errors.Is(err, ErrInvalidParam) {
@@ -310,6 +340,11 @@ func TestQPLivesOnOneVector(t *testing.T) {
 	must(t, err)
 	if q.Vector() != 1 {
 		t.Fatalf("vector %d", q.Vector())
+	}
+	if ps := h.dev.Pollers(); f.tp == nil && q.Poller() != nil {
+		t.Fatal("a poller on the kernel datapath")
+	} else if f.tp != nil && (q.Poller() == nil || q.Poller() != ps[1%len(ps)]) {
+		t.Fatalf("QP on vector 1 runs on poller %p of %v", q.Poller(), ps)
 	}
 	q.Destroy()
 }
@@ -338,7 +373,9 @@ func TestDeregisterBusyAndPDInUse(t *testing.T) {
 
 // TestMPAVariantsOverTCP connects with each startup flavour a real iWARP
 // peer may ask for and moves a Send, a Write and a Read on it.
-func TestMPAVariantsOverTCP(t *testing.T) {
+func TestMPAVariantsOverTCP(t *testing.T) { onBothDatapaths(t, testMPAVariants) }
+
+func testMPAVariants(t *testing.T, f *fabric) {
 	cases := []struct {
 		name     string
 		srv, cli QPAttr
@@ -354,12 +391,12 @@ func TestMPAVariantsOverTCP(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			srv, cli := newHost(t), newHost(t)
+			srv, cli := f.hosts(t)
 			sbuf := srv.mr(1<<20, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead)
 			cbuf := cli.mr(1<<20, qp.LocalWrite|qp.RemoteWrite)
 			fillRand(cbuf.Buf[:300000], 11)
 			fillRand(sbuf.Buf[600000:900000], 12)
-			s, q := pair(t, srv, cli, c.srv, c.cli, func(s, _ *QP) {
+			s, q := f.pair(t, srv, cli, c.srv, c.cli, func(s, _ *QP) {
 				must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: sbuf.STag, Addr: sbuf.Base + 400000, Length: 100000}}}))
 			})
 			must(t, q.PostSend(&qp.SendWR{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled, SGL: []qp.SGE{{LKey: cbuf.STag, Addr: cbuf.Base, Length: 300000}},
@@ -380,29 +417,37 @@ func TestMPAVariantsOverTCP(t *testing.T) {
 }
 
 func TestUnansweredRequestIsRejected(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
-	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{RequestTimeout: 200 * time.Millisecond})
-	must(t, err)
-	defer ln.Close()
+	onBothDatapaths(t, testUnansweredRequestIsRejected)
+}
+
+func testUnansweredRequestIsRejected(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	ln := f.listen(t, srv, ListenOptions{RequestTimeout: 200 * time.Millisecond})
 	c := cli.qp(QPAttr{})
 	// Nobody calls Accept: the listener rejects after RequestTimeout.
-	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{Timeout: 5 * time.Second})
+	_, err := c.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{Timeout: 5 * time.Second})
 	var rej *RejectedError
 	if !errors.As(err, &rej) {
 		t.Fatalf("unanswered request: %v", err)
 	}
-	cr, err := ln.Accept(context.Background())
+	// The request was queued before it timed out; accepting it now, on
+	// a QP of the listener's device, is too late.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cr, err := ln.Accept(ctx)
 	if err == nil {
-		if err := cr.Accept(cli.qp(QPAttr{}), nil); !errors.Is(err, ErrAnswered) {
+		if err := cr.Accept(srv.qp(QPAttr{}), nil); !errors.Is(err, ErrAnswered) {
 			t.Fatalf("accepting a timed-out request: %v", err)
 		}
 	}
 }
 
-// TestErrorClassesOverTCP: each class of remote error, over loopback TCP,
-// ends with the responder's Terminate carrying the RFC cause, the
-// requester told of it, both QPs in Error and every request accounted for.
-func TestErrorClassesOverTCP(t *testing.T) {
+// TestErrorClassesOverTCP: each class of remote error, over TCP, ends
+// with the responder's Terminate carrying the RFC cause, the requester
+// told of it, both QPs in Error and every request accounted for.
+func TestErrorClassesOverTCP(t *testing.T) { onBothDatapaths(t, testErrorClasses) }
+
+func testErrorClasses(t *testing.T, f *fabric) {
 	type env struct {
 		c       *QP
 		cbuf    *MR
@@ -451,7 +496,7 @@ func TestErrorClassesOverTCP(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			srv, cli := newHost(t), newHost(t)
+			srv, cli := f.hosts(t)
 			e := env{cbuf: cli.mr(4096, qp.LocalWrite)}
 			e.w = srv.mr(4096, qp.LocalWrite|qp.RemoteWrite)
 			e.r = srv.mr(4096, qp.RemoteRead)
@@ -460,7 +505,7 @@ func TestErrorClassesOverTCP(t *testing.T) {
 			e.foreign, err = srv.dev.RegisterMR(otherPD, make([]byte, 4096), 0, qp.LocalWrite|qp.RemoteWrite|qp.RemoteRead)
 			must(t, err)
 			rb := srv.mr(64, qp.LocalWrite)
-			s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, _ *QP) {
+			s, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, func(s, _ *QP) {
 				must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
 			})
 			e.c = c
@@ -497,9 +542,11 @@ func TestErrorClassesOverTCP(t *testing.T) {
 	}
 }
 
-func TestResetAndReconnect(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
-	_, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+func TestResetAndReconnect(t *testing.T) { onBothDatapaths(t, testResetAndReconnect) }
+
+func testResetAndReconnect(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	_, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
 	if err := c.Reset(); !errors.Is(err, ErrState) {
 		t.Fatalf("reset while connected: %v", err)
 	}
@@ -509,9 +556,7 @@ func TestResetAndReconnect(t *testing.T) {
 	}
 	must(t, c.Reset())
 	// The reset QP connects again, to a new server QP, and works.
-	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
-	must(t, err)
-	defer ln.Close()
+	ln := f.listen(t, srv, ListenOptions{})
 	s2 := srv.qp(QPAttr{})
 	rb := srv.mr(64, qp.LocalWrite)
 	must(t, s2.PostRecv(&qp.RecvWR{ID: 3, SGL: []qp.SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
@@ -520,7 +565,7 @@ func TestResetAndReconnect(t *testing.T) {
 			_ = cr.Accept(s2, nil)
 		}
 	}()
-	if _, err := c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{}); err != nil {
+	if _, err := c.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{}); err != nil {
 		t.Fatalf("reconnect after reset: %v", err)
 	}
 	waitEvent(t, c, Established)
@@ -530,12 +575,12 @@ func TestResetAndReconnect(t *testing.T) {
 	}
 }
 
-func TestOnEventReplacesTheChannel(t *testing.T) {
-	srv, cli := newHost(t), newHost(t)
+func TestOnEventReplacesTheChannel(t *testing.T) { onBothDatapaths(t, testOnEventReplacesTheChannel) }
+
+func testOnEventReplacesTheChannel(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
 	evc := make(chan ConnEventKind, 16)
-	ln, err := srv.dev.Listen("127.0.0.1:0", ListenOptions{})
-	must(t, err)
-	defer ln.Close()
+	ln := f.listen(t, srv, ListenOptions{})
 	s := srv.qp(QPAttr{OnEvent: func(e ConnEvent) { evc <- e.Kind }})
 	go func() {
 		if cr, err := ln.Accept(context.Background()); err == nil {
@@ -543,7 +588,7 @@ func TestOnEventReplacesTheChannel(t *testing.T) {
 		}
 	}()
 	c := cli.qp(QPAttr{})
-	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{})
+	_, err := c.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{})
 	must(t, err)
 	c.Disconnect(false)
 	for _, want := range []ConnEventKind{Established, Broken} {
@@ -613,4 +658,28 @@ func TestSTagTableConcurrent(t *testing.T) {
 			t.Fatalf("deregistered STag %#x still found", m.STag)
 		}
 	}
+}
+
+// A request is answered only with a QP of the listener's device.
+func TestAcceptWithAnotherDevicesQP(t *testing.T) {
+	onBothDatapaths(t, func(t *testing.T, f *fabric) {
+		srv, cli := f.hosts(t)
+		ln := f.listen(t, srv, ListenOptions{})
+		errc := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			cr, err := ln.Accept(ctx)
+			if err == nil {
+				if err = cr.Accept(cli.qp(QPAttr{}), nil); err != nil {
+					_ = cr.Reject(nil)
+				}
+			}
+			errc <- err
+		}()
+		_, _ = cli.qp(QPAttr{}).Connect(context.Background(), f.connectAddr(ln), ConnectOptions{Timeout: 3 * time.Second})
+		if err := <-errc; !errors.Is(err, ErrInvalidParam) {
+			t.Fatalf("accept on a QP of the client's device: %v", err)
+		}
+	})
 }

@@ -28,9 +28,9 @@ const (
 )
 
 // stream produces the same pseudo-random octets on both ends.
-type stream struct{ seed uint64 }
+type patternStream struct{ seed uint64 }
 
-func (s *stream) fill(b []byte) {
+func (s *patternStream) fill(b []byte) {
 	fillRand(b, s.seed)
 	s.seed++
 }
@@ -47,7 +47,7 @@ func TestVolumeWriteReadSend(t *testing.T) {
 
 	t.Run("write", func(t *testing.T) {
 		src, dst := sha256.New(), sha256.New()
-		gen := stream{seed: 100}
+		gen := patternStream{seed: 100}
 		for done := 0; done < total; done += window {
 			gen.fill(cbuf.Buf)
 			src.Write(cbuf.Buf)
@@ -72,7 +72,7 @@ func TestVolumeWriteReadSend(t *testing.T) {
 
 	t.Run("read", func(t *testing.T) {
 		src, dst := sha256.New(), sha256.New()
-		gen := stream{seed: 200}
+		gen := patternStream{seed: 200}
 		for done := 0; done < total; done += window {
 			gen.fill(sbuf.Buf)
 			src.Write(sbuf.Buf)
@@ -90,7 +90,7 @@ func TestVolumeWriteReadSend(t *testing.T) {
 
 	t.Run("send", func(t *testing.T) {
 		src, dst := sha256.New(), sha256.New()
-		gen := stream{seed: 300}
+		gen := patternStream{seed: 300}
 		for done := 0; done < total; done += window {
 			gen.fill(cbuf.Buf)
 			src.Write(cbuf.Buf)

@@ -62,7 +62,7 @@ func testQPOverXDP(t *testing.T, mode bpf.Mode) {
 	if err := eng.q.PostRecv(&qp.RecvWR{ID: 100, SGL: []qp.SGE{{LKey: rbuf.STag, Addr: rbuf.Base, Length: 64}}}); err != nil {
 		t.Fatal(err)
 	}
-	resp := &responder{llp: NewEngineLLP(eng.q, mpa.Config{CRC: true, IRD: 8, ORD: 8}, false)}
+	resp := &responder{llp: newMPAConn(eng.q, mpa.Config{CRC: true, IRD: 8, ORD: 8}, false)}
 	if _, err := p.Listen(4791, resp); err != nil {
 		t.Fatal(err)
 	}

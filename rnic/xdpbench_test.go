@@ -66,8 +66,9 @@ func BenchmarkXDPWrite(b *testing.B) {
 	}
 	b.StopTimer()
 	time.Sleep(150 * time.Millisecond)
-	_ = qa.ec.poller().Do(func(*tcp.Stack, tcp.Time) {
-		b.Logf("sender conn: %+v srtt %v win %+v", qa.ec.conn.Stats, qa.ec.conn.SRTT(), qa.ec.conn.Window())
+	ec := qa.conn.(*engineConn)
+	_ = ec.poller().Do(func(*tcp.Stack, tcp.Time) {
+		b.Logf("sender conn: %+v srtt %v win %+v", ec.conn.Stats, ec.conn.SRTT(), ec.conn.Window())
 	})
 	for _, s := range []*xdpSide{a, bb} {
 		st := s.dev.Pollers()[0].Stats()

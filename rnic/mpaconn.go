@@ -10,14 +10,34 @@ import (
 	"github.com/softrnic/softrnic/tcp"
 )
 
-// EngineLLP runs one queue pair over a connection of softrnic's own TCP
-// engine (the accelerated datapath's LLP): it is the connection's
-// tcp.Handler and tcp.Filler. It exchanges the MPA Request and Reply, then
-// hands every in-order octet the engine receives straight to the QP engine
-// (so placement reads the receive frame) and lets the QP engine build its
-// FPDUs in the TCP send buffer when the window allows. Like both engines
-// it runs on the poller that owns the connection, never concurrently.
-type EngineLLP struct {
+// stream is the reliable byte stream a QP's LLP runs MPA over: a
+// connection of softrnic's TCP engine (a *tcp.Conn, the accelerated
+// datapath) or a kernel TCP socket (kernelConn). Its methods are called
+// with the connection's lock held and must not block.
+type stream interface {
+	// Kick asks for Fill to be called: the LLP has octets to send.
+	Kick()
+	// Close sends a FIN after every octet Fill gave.
+	Close()
+	// Abort resets the connection; what is unsent is dropped.
+	Abort()
+	// MSS is the largest segment the stream sends.
+	MSS() int
+	// Err is why the stream ended, nil for an orderly close.
+	Err() error
+}
+
+var _ stream = (*tcp.Conn)(nil)
+
+// mpaConn runs one queue pair over a stream, on either datapath: the
+// resumable MPA startup (Request and Reply, fed octets as they arrive),
+// then every in-order octet straight to the QP engine (on the accelerated
+// datapath placement reads the receive frame) and the QP engine's FPDUs
+// into the stream's send buffer as the stream asks for them (Fill). The
+// connection that owns it calls it under one lock, never concurrently:
+// the engine connection on its poller, the kernel connection under its
+// mutex; with the QP's mutex too once there is a QP.
+type mpaConn struct {
 	qp        *qp.QP
 	cfg       mpa.Config
 	initiator bool
@@ -28,17 +48,22 @@ type EngineLLP struct {
 	startup []byte
 	out     []byte
 	sent    uint64
-	conn    *tcp.Conn
+	// heard: octets from the peer after MPA startup reached the QP.
+	heard bool
+	conn  stream
 	// Params is the outcome of MPA startup, once ready.
 	Params mpa.Params
 	// Err is why startup failed, if it did.
 	Err error
 	// OnReady, if set, is called when the QP has reached RTS.
-	OnReady func(*EngineLLP)
+	OnReady func(*mpaConn)
+	// OnClose, if set, is called when the QP's connection sends its FIN
+	// (a graceful disconnect drained, or the QP ended).
+	OnClose func()
 	// OnRequest, if set, makes a responder wait for its consumer: it is
 	// called with the peer's MPA Request, and the connection waits
 	// until Accept or Reject. Without it a responder accepts at once.
-	OnRequest func(*EngineLLP, *mpa.Frame)
+	OnRequest func(*mpaConn, *mpa.Frame)
 	// Rejected holds the peer's private data when it rejected our
 	// Request (Err then wraps mpa.ErrRejected).
 	Rejected []byte
@@ -47,26 +72,27 @@ type EngineLLP struct {
 	req        mpa.Frame
 	waiting    bool
 	closeAfter bool
+	closing    bool
 }
 
-// NewEngineLLP prepares q to run over a TCP connection as MPA initiator
+// newMPAConn prepares q to run over a TCP connection as MPA initiator
 // (the side that connected) or responder, with cfg for the negotiation.
-func NewEngineLLP(q *qp.QP, cfg mpa.Config, initiator bool) *EngineLLP {
-	return &EngineLLP{qp: q, cfg: cfg, initiator: initiator}
+func newMPAConn(q *qp.QP, cfg mpa.Config, initiator bool) *mpaConn {
+	return &mpaConn{qp: q, cfg: cfg, initiator: initiator}
 }
 
 // Ready reports whether the QP runs.
-func (e *EngineLLP) Ready() bool { return e.ready }
+func (e *mpaConn) Ready() bool { return e.ready }
 
 // Kick asks the TCP engine to pull FPDUs after work was posted to the QP.
-func (e *EngineLLP) Kick() {
+func (e *mpaConn) Kick() {
 	if e.conn != nil {
 		e.conn.Kick()
 	}
 }
 
 // Receive takes in-order stream octets from the TCP engine.
-func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
+func (e *mpaConn) Receive(c stream, b []byte) int {
 	e.conn = c
 	if e.Err != nil {
 		return len(b)
@@ -120,11 +146,13 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 		}
 		e.startup = nil
 		if len(rest) > 0 && e.ready {
+			e.heard = true
 			e.qp.Receive(rest)
 		}
 		c.Kick()
 		return len(b)
 	}
+	e.heard = true
 	e.qp.Receive(b)
 	c.Kick() // the QP may owe responses or a Terminate
 	return len(b)
@@ -133,7 +161,7 @@ func (e *EngineLLP) Receive(c *tcp.Conn, b []byte) int {
 // Accept answers the waiting Request with an MPA Reply built from cfg and
 // runs q on the connection. Call it on the connection's poller. An
 // initiator IRD below our ORD shrinks our ORD, as on the kernel datapath.
-func (e *EngineLLP) Accept(q *qp.QP, cfg mpa.Config) error {
+func (e *mpaConn) Accept(q *qp.QP, cfg mpa.Config) error {
 	if !e.waiting || e.conn == nil {
 		return errors.New("rnic: no request waiting")
 	}
@@ -155,7 +183,7 @@ func (e *EngineLLP) Accept(q *qp.QP, cfg mpa.Config) error {
 
 // Reject answers the waiting Request with a Reject carrying private, then
 // closes the connection. Call it on the connection's poller.
-func (e *EngineLLP) Reject(private []byte) {
+func (e *mpaConn) Reject(private []byte) {
 	if !e.waiting || e.conn == nil {
 		return
 	}
@@ -170,7 +198,7 @@ func (e *EngineLLP) Reject(private []byte) {
 	e.conn.Kick()
 }
 
-func (e *EngineLLP) start(c *tcp.Conn, p mpa.Params) {
+func (e *mpaConn) start(c stream, p mpa.Params) {
 	emss := min(c.MSS(), mpa.MaxULPDU)
 	if err := e.qp.Connect(p, emss, e.initiator); err != nil {
 		e.fail(c, err)
@@ -182,13 +210,13 @@ func (e *EngineLLP) start(c *tcp.Conn, p mpa.Params) {
 	}
 }
 
-func (e *EngineLLP) fail(c *tcp.Conn, err error) {
+func (e *mpaConn) fail(c stream, err error) {
 	e.Err = fmt.Errorf("mpa startup: %w", err)
 	c.Abort()
 }
 
 // Fill gives the TCP engine the startup frame, then FPDUs.
-func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
+func (e *mpaConn) Fill(c stream, dst []byte) int {
 	e.conn = c
 	if len(e.out) > 0 {
 		n := copy(dst, e.out)
@@ -211,12 +239,16 @@ func (e *EngineLLP) Fill(c *tcp.Conn, dst []byte) int {
 	// disconnect with nothing left: our FIN.
 	if (n == 0 && e.qp.Ended()) || e.qp.Drained() {
 		c.Close()
+		if e.OnClose != nil && !e.closing {
+			e.closing = true
+			e.OnClose()
+		}
 	}
 	return n
 }
 
 // Event follows the TCP connection.
-func (e *EngineLLP) Event(c *tcp.Conn, ev tcp.Event) {
+func (e *mpaConn) Event(c stream, ev tcp.Event) {
 	e.conn = c
 	switch ev {
 	case tcp.EventEstablished:

@@ -1,0 +1,708 @@
+package rnic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/tcp"
+)
+
+// kernelConn is a QP's connection on the kernel datapath: a kernel TCP
+// socket under the QP's mpaConn, run as Linux siw runs its QPs. Its
+// receive goroutine reads the socket, hands what arrived to the MPA layer
+// and the QP engine (placement and completions happen there), and then
+// sends what the QP owes (Read Responses, a Terminate). A post sends from
+// the posting goroutine: whoever finds the transmit path idle takes it,
+// fills a buffer with FPDUs and writes it to the socket without blocking;
+// only what the socket would not take goes to a transmit goroutine, made
+// for the purpose, that waits for room and carries on until nothing is
+// left.
+//
+// Locks: mu guards the MPA layer and the transmit state; a connection with
+// a QP takes q.mu inside it for every call into the MPA layer, so the
+// order is mu, then q.mu, and nothing holding q.mu takes mu. No lock is
+// held across a system call that can block, and events the QP posts under
+// q.mu are delivered after both are released.
+type kernelConn struct {
+	nc *net.TCPConn
+	rc syscall.RawConn
+
+	mu  sync.Mutex
+	llp *mpaConn
+	// q is the QP; nil while a passive connection waits for its
+	// consumer, and after a failed active open let go of it.
+	q *QP
+	// txBusy: a goroutine holds the transmit path; txAgain: there was
+	// a Kick meanwhile, so it fills once more before letting go.
+	txBusy, txAgain bool
+	// finWanted: the MPA layer closed (Close), and the FIN follows what
+	// it gave; finSent: it went out. rxDone: the receive goroutine
+	// ended. closed: the socket is closed (after both, or at Abort).
+	finWanted, finSent, rxDone, closed bool
+	// err is why the stream ended (Err).
+	err error
+	// result receives the outcome of an active open, once.
+	result chan error
+	// req is the passive connection's request while it waits.
+	req *ConnRequest
+	// loops counts the receive and transmit goroutines.
+	loops sync.WaitGroup
+	mss   int
+	// fionread asks the socket how many octets wait into waiting, for
+	// readable; made once, as a call per look would allocate.
+	fionread func(fd uintptr)
+	waiting  int
+}
+
+// ioBufs are the connections' receive and transmit buffers: a connection
+// holds one only while it reads or has something to write.
+var ioBufs = sync.Pool{New: func() any { b := make([]byte, ioBuf); return &b }}
+
+func newKernelConn(nc *net.TCPConn, llp *mpaConn) (*kernelConn, error) {
+	_ = nc.SetNoDelay(true)
+	rc, err := nc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	mss, err := effectiveMSS(rc)
+	if err != nil {
+		return nil, err
+	}
+	kc := &kernelConn{nc: nc, rc: rc, llp: llp, mss: mss}
+	kc.fionread = func(fd uintptr) { kc.waiting, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }
+	return kc, nil
+}
+
+func effectiveMSS(rc syscall.RawConn) (int, error) {
+	var mss int
+	var serr error
+	if err := rc.Control(func(fd uintptr) { mss, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_MAXSEG) }); err != nil {
+		return 0, err
+	}
+	if serr != nil {
+		return 0, fmt.Errorf("TCP_MAXSEG: %w", serr)
+	}
+	return min(mss, mpa.MaxULPDU), nil
+}
+
+// The stream methods run with kc.mu held.
+
+func (kc *kernelConn) Kick()      { kc.txAgain = true }
+func (kc *kernelConn) Close()     { kc.finWanted = true }
+func (kc *kernelConn) MSS() int   { return kc.mss }
+func (kc *kernelConn) Err() error { return kc.err }
+
+// Abort resets the connection: SO_LINGER 0 makes close send RST, and a
+// goroutine blocked on the socket returns.
+func (kc *kernelConn) Abort() {
+	if kc.closed {
+		return
+	}
+	kc.closed = true
+	if kc.err == nil {
+		kc.err = tcp.ErrAborted
+	}
+	_ = kc.nc.SetLinger(0)
+	_ = kc.nc.Close()
+}
+
+var _ stream = (*kernelConn)(nil)
+
+func (kc *kernelConn) mpa() *mpaConn { return kc.llp }
+
+func (kc *kernelConn) addrs() (string, string) {
+	return kc.nc.LocalAddr().String(), kc.nc.RemoteAddr().String()
+}
+
+// lock takes the connection's locks: mu, then the QP's.
+func (kc *kernelConn) lock() *QP {
+	kc.mu.Lock()
+	q := kc.q
+	if q != nil {
+		q.mu.Lock()
+	}
+	return q
+}
+
+// unlock releases them; the QP's last, so that its events are delivered
+// with no lock held.
+func (kc *kernelConn) unlock(q *QP) {
+	kc.mu.Unlock()
+	if q != nil {
+		q.unlock()
+	}
+}
+
+// start runs the receive goroutine.
+func (kc *kernelConn) start() {
+	kc.loops.Add(1)
+	go kc.receive()
+}
+
+func (kc *kernelConn) receive() {
+	defer kc.loops.Done()
+	for {
+		bp, n, err := kc.read()
+		if n > 0 {
+			buf := *bp
+			kc.mu.Lock()
+			q := kc.q
+			kc.mu.Unlock()
+			if q != nil && q.attr.BeforeReceive != nil {
+				q.attr.BeforeReceive()
+			}
+			q = kc.lock()
+			kc.llp.Receive(kc, buf[:n])
+			ready := kc.llp.Ready()
+			kc.unlock(q)
+			kc.report()
+			kc.kick()
+			if ready && q != nil && q.attr.Poll != nil {
+				kc.poll(q)
+			}
+		}
+		if bp != nil {
+			ioBufs.Put(bp)
+		}
+		if err != nil {
+			kc.ended(err)
+			return
+		}
+	}
+}
+
+// read waits for the socket to be readable and reads what it has into a
+// pooled buffer taken only then: an idle connection holds none.
+func (kc *kernelConn) read() (bp *[]byte, n int, err error) {
+	var rerr error
+	err = kc.rc.Read(func(fd uintptr) bool {
+		if bp == nil {
+			bp = ioBufs.Get().(*[]byte)
+		}
+		n, rerr = unix.Read(int(fd), *bp)
+		if rerr == unix.EAGAIN || rerr == unix.EINTR {
+			ioBufs.Put(bp) // not held while waiting
+			bp = nil
+			return false
+		}
+		return true
+	})
+	switch {
+	case err != nil:
+	case rerr != nil:
+		err = os.NewSyscallError("read", rerr)
+	case n == 0:
+		err = io.EOF
+	}
+	if n < 0 {
+		n = 0
+	}
+	if n == 0 && bp != nil {
+		ioBufs.Put(bp)
+		bp = nil
+	}
+	return bp, n, err
+}
+
+// poll runs the QP's Poll hook while nothing more has arrived, for at most
+// PollFor, yielding the processor between looks (see QPAttr.Poll).
+func (kc *kernelConn) poll(q *QP) {
+	d := q.attr.PollFor
+	if d == 0 {
+		d = DefaultPollFor
+	}
+	deadline := time.Now().Add(d)
+	for !q.attr.Poll() && !kc.readable() && time.Now().Before(deadline) {
+		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	}
+	if q.attr.PollDone != nil {
+		q.attr.PollDone()
+	}
+}
+
+// readable reports whether the socket has octets waiting.
+func (kc *kernelConn) readable() bool {
+	kc.waiting = 0
+	if err := kc.rc.Control(kc.fionread); err != nil {
+		return true // closed: let the read say so
+	}
+	return kc.waiting > 0
+}
+
+// ended handles the end of the receive side: the peer's FIN, a reset, a
+// timeout during MPA startup, or the socket closed by Abort.
+func (kc *kernelConn) ended(err error) {
+	q := kc.lock()
+	switch {
+	case errors.Is(err, io.EOF):
+		kc.llp.Event(kc, tcp.EventPeerClosed)
+	case !kc.llp.Ready() && kc.llp.Err == nil:
+		// MPA startup cut short: the deadline, or a reset.
+		if isTimeout(err) {
+			kc.llp.Err = fmt.Errorf("mpa startup: %w", ErrTimedOut)
+		} else {
+			kc.llp.Err = fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err)
+		}
+		kc.Abort()
+	default:
+		if kc.err == nil {
+			kc.err = err
+		}
+		kc.llp.Event(kc, tcp.EventClosed)
+		kc.Abort()
+	}
+	kc.rxDone = true
+	closeNow := kc.finSent || q == nil && kc.llp.Err != nil
+	if closeNow && !kc.closed {
+		kc.closed = true
+		_ = kc.nc.Close()
+	}
+	if kc.req != nil {
+		// The peer left while the consumer decided: the answer fails.
+		kc.req.gone.Store(true)
+	}
+	kc.unlock(q)
+	kc.report()
+	kc.kick()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// report delivers an active open's outcome once MPA startup succeeded or
+// failed; no lock held.
+func (kc *kernelConn) report() {
+	if kc.result == nil {
+		return
+	}
+	q := kc.lock()
+	var err error
+	switch {
+	case kc.llp.Ready():
+	case kc.llp.Rejected != nil:
+		err = &RejectedError{PrivateData: kc.llp.Rejected}
+	case kc.llp.Err != nil:
+		err = kc.llp.Err
+	case kc.rxDone:
+		err = fmt.Errorf("%w: connection closed during MPA startup", ddp.LLPConnectionLost)
+	default:
+		kc.unlock(q)
+		return
+	}
+	kc.unlock(q)
+	select {
+	case kc.result <- err:
+	default:
+	}
+}
+
+// kick sends what the QP has to send, from the calling goroutine while the
+// socket takes it; no lock held. If another goroutine is sending, it fills
+// once more before it lets go; if that one waits for room on a peer that
+// reads nothing, an abort resets the connection now.
+func (kc *kernelConn) kick() {
+	q := kc.lock()
+	if kc.txBusy {
+		kc.txAgain = true
+		if q != nil && q.abort && q.conn == llpConn(kc) {
+			kc.Abort()
+		}
+		kc.unlock(q)
+		return
+	}
+	kc.txBusy = true
+	kc.unlock(q)
+	bp := ioBufs.Get().(*[]byte)
+	kc.transmit(bp, nil)
+}
+
+// transmit holds the transmit path: it writes rest (octets a write left),
+// then fills and writes until the MPA layer has nothing more, and lets go.
+// In the posting goroutine (not yet handed off) writes do not block: what
+// the socket does not take whole goes, with the path, to a transmit
+// goroutine.
+func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
+	blocking := rest != nil
+	for {
+		if len(rest) > 0 {
+			if _, err := kc.nc.Write(rest); err != nil {
+				kc.writeFailed(err)
+				break
+			}
+			rest = nil
+		}
+		q := kc.lock()
+		kc.txAgain = false
+		n := 0
+		switch {
+		case q != nil && q.abort && q.conn == llpConn(kc):
+			// An abortive disconnect, or no FIN from the peer.
+			kc.Abort()
+		case !kc.closed && !kc.finSent:
+			n = kc.llp.Fill(kc, *bp)
+		}
+		kc.unlock(q)
+		if n == 0 {
+			kc.mu.Lock()
+			if kc.txAgain {
+				kc.mu.Unlock()
+				continue
+			}
+			kc.txBusy = false
+			fin := kc.finWanted && !kc.finSent && !kc.closed
+			if fin {
+				kc.finSent = true
+			}
+			kc.mu.Unlock()
+			if fin {
+				kc.sendFIN()
+			}
+			break
+		}
+		if blocking {
+			rest = (*bp)[:n]
+			continue
+		}
+		w, err := kc.writeNow((*bp)[:n])
+		if err != nil {
+			kc.writeFailed(err)
+			break
+		}
+		if w < n {
+			// The socket is full: a transmit goroutine waits for room.
+			kc.loops.Add(1)
+			go func() {
+				defer kc.loops.Done()
+				kc.transmit(bp, (*bp)[w:n])
+			}()
+			return
+		}
+	}
+	ioBufs.Put(bp)
+}
+
+// writeNow writes what the socket takes at once.
+func (kc *kernelConn) writeNow(b []byte) (int, error) {
+	var n int
+	var werr error
+	err := kc.rc.Write(func(fd uintptr) bool {
+		n, werr = unix.SendmsgN(int(fd), b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+		return true
+	})
+	if err != nil {
+		return 0, err
+	}
+	if werr == unix.EAGAIN {
+		return 0, nil
+	}
+	if werr != nil {
+		return 0, werr
+	}
+	return n, nil
+}
+
+// writeFailed ends the connection whose socket refused a write (reset,
+// or closed by Abort), and lets go of the transmit path.
+func (kc *kernelConn) writeFailed(err error) {
+	q := kc.lock()
+	if kc.err == nil {
+		kc.err = err
+	}
+	if kc.llp.Ready() && q != nil {
+		q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+	}
+	kc.Abort()
+	kc.txBusy = false
+	kc.unlock(q)
+}
+
+// sendFIN half-closes the socket once everything is written; a connection
+// whose receive side already ended, or with no QP (a refused or failed
+// startup), is closed outright.
+func (kc *kernelConn) sendFIN() {
+	_ = kc.nc.CloseWrite()
+	q := kc.lock()
+	if (kc.rxDone || q == nil) && !kc.closed {
+		kc.closed = true
+		_ = kc.nc.Close()
+	}
+	kc.unlock(q)
+}
+
+func (kc *kernelConn) release(abort bool) {
+	if abort {
+		kc.mu.Lock()
+		kc.Abort()
+		kc.mu.Unlock()
+	}
+	kc.loops.Wait()
+}
+
+// connectKernel is Connect on the kernel datapath: a TCP connection, then
+// MPA startup on the connection's receive goroutine.
+func (q *QP) connectKernel(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultMPATimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg := q.mpaConfig(opts.PrivateData)
+	if _, err := cfg.Request(); err != nil {
+		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
+	}
+	d := opts.Dialer
+	if d == nil {
+		d = &net.Dialer{}
+	}
+	nc, err := d.DialContext(ctx, "tcp", raddr)
+	if err != nil {
+		// The dialer times out at the context's deadline, which can be
+		// a moment before the context itself says so.
+		if ctx.Err() != nil || isTimeout(err) {
+			return nil, fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
+		}
+		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
+	}
+	tc := nc.(*net.TCPConn)
+	kc, err := newKernelConn(tc, newMPAConn(q.eng, cfg, true))
+	if err != nil {
+		tc.Close()
+		return nil, fmt.Errorf("connect %s: %w", raddr, err)
+	}
+	kc.result = make(chan error, 1)
+	deadline, _ := ctx.Deadline()
+	_ = tc.SetReadDeadline(deadline)
+	q.mu.Lock()
+	if q.busyLocked() { // Connect looked before unlocking
+		q.unlock()
+		tc.Close()
+		return nil, ErrState
+	}
+	q.attach(kc.llp)
+	q.conn, kc.q = kc, q
+	q.unlock()
+	kc.start()
+	q = kc.lock()
+	kc.llp.Event(kc, tcp.EventEstablished) // the Request
+	kc.unlock(q)
+	kc.kick()
+	select {
+	case err = <-kc.result:
+		switch {
+		case err == nil:
+		case errors.As(err, new(*RejectedError)):
+		case errors.Is(err, ErrTimedOut):
+			err = fmt.Errorf("connect %s: no MPA Reply: %w", raddr, ErrTimedOut)
+		default:
+			err = fmt.Errorf("connect %s: MPA Reply: %w", raddr, err)
+		}
+	case <-ctx.Done():
+		// The deadline, or the consumer went away: the peer sees a
+		// reset.
+		err = fmt.Errorf("connect %s: no MPA Reply: %w", raddr, ErrTimedOut)
+		if !errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			err = fmt.Errorf("connect %s: %w", raddr, ctx.Err())
+		}
+		kc.mu.Lock()
+		if kc.llp.Ready() {
+			err = nil // it came up as the wait ended
+		} else {
+			kc.Abort()
+		}
+		kc.mu.Unlock()
+	}
+	if err == nil {
+		kc.mu.Lock()
+		if !kc.closed {
+			_ = tc.SetReadDeadline(time.Time{})
+		}
+		kc.mu.Unlock()
+		time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
+		return clone(kc.llp.Params.PeerPrivateData), nil
+	}
+	// The connection goes on alone to send what it owes (a Terminate
+	// and FIN after a failed negotiation) and closes.
+	kc.mu.Lock()
+	q.mu.Lock()
+	kc.q = nil
+	if q.conn == llpConn(kc) {
+		q.conn = nil
+	}
+	q.mu.Unlock()
+	kc.mu.Unlock()
+	return nil, err
+}
+
+// listenKernel is Listen on the kernel datapath.
+func (d *Device) listenKernel(addr string, opts ListenOptions) (*Listener, error) {
+	la, err := net.ResolveTCPAddr("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w: %v", addr, ErrInvalidParam, err)
+	}
+	ln, err := net.ListenTCP("tcp", la)
+	if err != nil {
+		return nil, fmt.Errorf("listen %s: %w", addr, err)
+	}
+	l := &Listener{dev: d, ln: ln, opts: opts, reqs: make(chan *ConnRequest, opts.Backlog), done: make(chan struct{}),
+		starting: map[*kernelConn]struct{}{}}
+	l.loops.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.loops.Done()
+	for {
+		nc, err := l.ln.AcceptTCP()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
+			continue
+		}
+		kc, err := newKernelConn(nc, newMPAConn(nil, mpa.Config{}, false))
+		if err != nil {
+			nc.Close()
+			continue
+		}
+		kc.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) { l.kernelRequest(kc, f) }
+		// The Request must come within RequestTimeout.
+		_ = nc.SetReadDeadline(time.Now().Add(l.opts.RequestTimeout))
+		l.startMu.Lock()
+		select {
+		case <-l.done:
+			l.startMu.Unlock()
+			nc.Close()
+			return
+		default:
+		}
+		l.starting[kc] = struct{}{}
+		l.startMu.Unlock()
+		kc.start()
+	}
+}
+
+// kernelRequest runs on a passive connection's receive goroutine, kc.mu
+// held, with its MPA Request: it is queued for Accept.
+func (l *Listener) kernelRequest(kc *kernelConn, f *mpa.Frame) {
+	l.startMu.Lock()
+	delete(l.starting, kc)
+	l.startMu.Unlock()
+	// The consumer's answer is timed by the request's timer; the
+	// initiator may not speak before our Reply.
+	_ = kc.nc.SetReadDeadline(time.Time{})
+	cr := &ConnRequest{l: l, kc: kc, PrivateData: clone(f.PrivateData),
+		RemoteAddr: kc.nc.RemoteAddr().(*net.TCPAddr), LocalAddr: kc.nc.LocalAddr().(*net.TCPAddr)}
+	kc.req = cr
+	cr.mu.Lock()
+	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+	cr.mu.Unlock()
+	select {
+	case <-l.done:
+	default:
+		select {
+		case l.reqs <- cr:
+			return
+		default: // backlog full
+		}
+	}
+	cr.answer()
+	kc.llp.Reject(nil)
+}
+
+// closeKernel stops a kernel-datapath listener: connections still in MPA
+// startup have nobody to go to and are reset now.
+func (l *Listener) closeKernel() {
+	l.ln.Close()
+	l.startMu.Lock()
+	starting := l.starting
+	l.starting = map[*kernelConn]struct{}{}
+	l.startMu.Unlock()
+	for kc := range starting {
+		kc.mu.Lock()
+		if kc.llp.Err == nil && !kc.llp.Ready() && kc.req == nil {
+			kc.Abort()
+		}
+		kc.mu.Unlock()
+	}
+	for kc := range starting {
+		kc.loops.Wait()
+	}
+}
+
+// acceptKernel connects q to a passive connection of the kernel datapath:
+// the MPA Reply goes out from here, and the receive goroutine, which held
+// the initiator's first FPDUs in the socket until now, feeds q.
+func (cr *ConnRequest) acceptKernel(q *QP, private []byte) error {
+	if q.dev != cr.l.dev {
+		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
+	}
+	q.mu.Lock()
+	if q.busyLocked() { // Accept looked before unlocking
+		q.unlock()
+		return ErrState
+	}
+	// The QP is taken; conn is published once the Reply is built.
+	q.accepting = true
+	q.unlock()
+	defer func() {
+		q.mu.Lock()
+		q.accepting = false
+		q.unlock()
+	}()
+	if !cr.answer() {
+		return ErrAnswered
+	}
+	kc := cr.kc
+	kc.mu.Lock()
+	q.mu.Lock()
+	q.attach(kc.llp)
+	kc.q = q
+	err := kc.llp.Accept(q.eng, q.mpaConfig(private))
+	if err == nil && !kc.llp.Ready() {
+		err = kc.llp.Err
+	}
+	if err != nil {
+		kc.q = nil
+		if cr.gone.Load() {
+			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)
+		}
+	} else {
+		q.conn = kc
+		kc.req = nil
+	}
+	kc.mu.Unlock()
+	q.unlock()
+	kc.kick()
+	if err != nil {
+		return fmt.Errorf("accept: %w", err)
+	}
+	return nil
+}
+
+// rejectKernel refuses a passive connection of the kernel datapath.
+func (cr *ConnRequest) rejectKernel(private []byte) error {
+	kc := cr.kc
+	kc.mu.Lock()
+	kc.llp.Reject(clone(private))
+	kc.mu.Unlock()
+	kc.kick()
+	return nil
+}

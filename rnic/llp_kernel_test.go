@@ -1,0 +1,164 @@
+package rnic
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/qp"
+)
+
+// On the kernel datapath a post is sent by the posting goroutine itself
+// when the socket takes it: the Write's completion (made when its FPDUs
+// reach the LLP) is there when PostSend returns, with no transmit loop to
+// wake.
+func TestKernelPostSendsFromThePostingGoroutine(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	defer s.Destroy()
+	defer c.Destroy()
+	dst, src := srv.mr(4096, qp.RemoteWrite|qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
+	for i := range 10 {
+		must(t, c.PostSend(&qp.SendWR{ID: uint64(i), Op: qp.OpWrite, Flags: qp.Signaled,
+			SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 8}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
+		var out [1]completion.Completion
+		if cli.scq.Poll(out[:]) != 1 || out[0].ID != uint64(i) || out[0].Status != completion.Success {
+			t.Fatalf("post %d: no completion when PostSend returned: %+v", i, out[0])
+		}
+	}
+}
+
+// Completed runs after the goroutine that completed released the QP (the
+// hook may call into the QP), and on the receive goroutine for what
+// arrived: the receive's completion is in the CQ when it runs.
+func TestKernelCompletedHook(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	var calls, seen atomic.Int32
+	var sq *QP
+	hook := func() {
+		calls.Add(1)
+		_ = sq.State() // takes the QP's lock: it must not be held here
+		if srv.rcq.Len() > 0 {
+			seen.Add(1)
+		}
+	}
+	s, c := pair(t, srv, cli, QPAttr{Completed: hook}, QPAttr{}, func(s, c *QP) {
+		sq = s
+		buf := srv.mr(64, qp.LocalWrite)
+		must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: buf.STag, Addr: buf.Base, Length: 64}}}))
+	})
+	defer s.Destroy()
+	defer c.Destroy()
+	msg := cli.mr(64, qp.LocalWrite)
+	must(t, c.PostSend(&qp.SendWR{ID: 2, Op: qp.OpSend, SGL: []qp.SGE{{LKey: msg.STag, Addr: msg.Base, Length: 64}}}))
+	// The receive's completion stays in the CQ for the hook to see.
+	deadline := time.Now().Add(10 * time.Second)
+	for seen.Load() == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if seen.Load() == 0 {
+		t.Fatalf("Completed ran %d times, never with the receive's completion made", calls.Load())
+	}
+}
+
+// Poll runs on the receive goroutine after what arrived was delivered: an
+// answer it posts goes out from there. A Poll that finds nothing is given
+// up after PollFor.
+func TestKernelPollHookAnswers(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	var s *QP
+	var polls, answered atomic.Int32
+	answer := srv.mr(8, qp.LocalWrite)
+	back := cli.mr(8, qp.RemoteWrite|qp.LocalWrite)
+	poll := func() bool {
+		polls.Add(1)
+		if srv.rcq.Len() == 0 || !answered.CompareAndSwap(0, 1) {
+			return false
+		}
+		answer.Buf[0] = 0x5a
+		// The Write, and a Send after it that tells the client it landed.
+		must(t, s.PostSend(&qp.SendWR{ID: 9, Op: qp.OpWrite, SGL: []qp.SGE{{LKey: answer.STag, Addr: answer.Base, Length: 8}},
+			RemoteSTag: back.STag, RemoteTO: back.Base}))
+		must(t, s.PostSend(&qp.SendWR{ID: 10, Op: qp.OpSend}))
+		return true
+	}
+	_, c := pair(t, srv, cli, QPAttr{Poll: poll, PollFor: 20 * time.Millisecond}, QPAttr{}, func(sq, cq *QP) {
+		s = sq // before the connection's goroutines exist
+		buf := srv.mr(64, qp.LocalWrite)
+		must(t, sq.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: buf.STag, Addr: buf.Base, Length: 64}}}))
+		must(t, cq.PostRecv(&qp.RecvWR{ID: 3}))
+	})
+	defer c.Destroy()
+	defer func() { s.Destroy() }()
+	msg := cli.mr(64, qp.LocalWrite)
+	must(t, c.PostSend(&qp.SendWR{ID: 2, Op: qp.OpSend, SGL: []qp.SGE{{LKey: msg.STag, Addr: msg.Base, Length: 64}}}))
+	wait(t, cli.rcq, 1)
+	if back.Buf[0] != 0x5a {
+		t.Fatalf("the answer posted from Poll did not arrive (%d polls)", polls.Load())
+	}
+	n := polls.Load()
+	time.Sleep(100 * time.Millisecond)
+	if polls.Load() != n {
+		t.Fatalf("Poll still called %v after the last arrival", 100*time.Millisecond)
+	}
+}
+
+// A peer that completes MPA startup and then reads nothing: posts still
+// return at once (what the socket does not take waits in a transmit
+// goroutine, not in PostSend), an abortive disconnect ends that wait at
+// once, and Destroy leaves nothing running.
+func TestKernelPeerThatStopsReading(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	must(t, err)
+	defer ln.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
+		_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
+		req, err := readMPAFrame(nc, false)
+		if err != nil {
+			nc.Close()
+			return
+		}
+		reply, _, err := (&mpa.Config{}).Accept(&req)
+		if err == nil {
+			wire, _ := reply.Append(nil)
+			_, _ = nc.Write(wire)
+		}
+		held <- nc // reads nothing more
+	}()
+	cli := newHost(t)
+	c := cli.qp(QPAttr{SQDepth: 64, RQDepth: 4})
+	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{Timeout: 10 * time.Second})
+	must(t, err)
+	peer := <-held
+	defer peer.Close()
+	src := cli.mr(1<<20, qp.LocalWrite)
+	start := time.Now()
+	for i := range 32 {
+		must(t, c.PostSend(&qp.SendWR{ID: uint64(i), Op: qp.OpWrite, SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 1 << 20}},
+			RemoteSTag: 0x100, RemoteTO: 0}))
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("32 posts to a peer that reads nothing took %v", d)
+	}
+	c.Disconnect(false)
+	if ev := waitEvent(t, c, Broken, Disconnected); ev.Kind != Broken {
+		t.Fatalf("abort: %+v", ev)
+	}
+	done := make(chan struct{})
+	go func() { c.Destroy(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Destroy waits for a transmit goroutine blocked on the peer")
+	}
+}
