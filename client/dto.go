@@ -24,26 +24,15 @@ type RemoteBuffer struct {
 // Flags of posted requests.
 type Flags uint8
 
-// Completion flags.
+// Completion flags: the send ring's (shm.WRFlags), which the daemon
+// checks.
 const (
 	// Signaled asks for a completion on success (failures always complete).
-	Signaled Flags = 1
+	Signaled = Flags(shm.WRSignaled)
 	// Solicited sets the solicited-event bit of a Send.
-	Solicited Flags = 2
+	Solicited = Flags(shm.WRSolicited)
 	// Fence waits for earlier Reads and atomics.
-	Fence Flags = 4
-)
-
-// ring ops, as the daemon numbers them.
-const (
-	opSend = iota
-	opSendInvalidate
-	opWrite
-	opRead
-	opFetchAdd
-	opCmpSwap
-	opLocalInvalidate
-	opImmediate
+	Fence = Flags(shm.WRFence)
 )
 
 func toSGL(segs []Segment, max int) ([shm.RingSGE]shm.SGE, uint8, error) {
@@ -89,7 +78,7 @@ func (e *EP) PostSend(cookie uint64, segs []Segment, flags Flags) error {
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opSend, Flags: uint8(flags), NSGE: n, ID: cookie, SGL: sgl})
+	return e.postSQ(&shm.SQE{Op: shm.SQSend, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, SGL: sgl})
 }
 
 // PostSendInvalidate posts a Send that invalidates the peer's STag.
@@ -98,7 +87,7 @@ func (e *EP) PostSendInvalidate(cookie uint64, segs []Segment, stag uint32, flag
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opSendInvalidate, Flags: uint8(flags), NSGE: n, ID: cookie, InvalidateSTag: stag, SGL: sgl})
+	return e.postSQ(&shm.SQE{Op: shm.SQSendInvalidate, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, InvalidateSTag: stag, SGL: sgl})
 }
 
 // PostWrite posts an RDMA Write of the segments to the peer's buffer.
@@ -107,7 +96,7 @@ func (e *EP) PostWrite(cookie uint64, segs []Segment, to RemoteBuffer, flags Fla
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opWrite, Flags: uint8(flags), NSGE: n, ID: cookie, RemoteSTag: to.Context, RemoteTO: to.Address, SGL: sgl})
+	return e.postSQ(&shm.SQE{Op: shm.SQWrite, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, RemoteSTag: to.Context, RemoteTO: to.Address, SGL: sgl})
 }
 
 // PostRead posts an RDMA Read of the peer's buffer into one segment.
@@ -116,7 +105,7 @@ func (e *EP) PostRead(cookie uint64, into Segment, from RemoteBuffer, flags Flag
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opRead, Flags: uint8(flags), NSGE: n, ID: cookie, RemoteSTag: from.Context, RemoteTO: from.Address, SGL: sgl})
+	return e.postSQ(&shm.SQE{Op: shm.SQRead, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, RemoteSTag: from.Context, RemoteTO: from.Address, SGL: sgl})
 }
 
 // PostFetchAdd adds to the peer's 8-octet value; the original lands in
@@ -126,7 +115,7 @@ func (e *EP) PostFetchAdd(cookie uint64, result Segment, at RemoteBuffer, add ui
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opFetchAdd, Flags: uint8(flags), NSGE: n, ID: cookie, RemoteSTag: at.Context, RemoteTO: at.Address, Compare: add, SGL: sgl})
+	return e.postSQ(&shm.SQE{Op: shm.SQFetchAdd, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, RemoteSTag: at.Context, RemoteTO: at.Address, Compare: add, SGL: sgl})
 }
 
 // PostCmpSwap stores swap at the peer if its value equals compare; the
@@ -136,14 +125,14 @@ func (e *EP) PostCmpSwap(cookie uint64, result Segment, at RemoteBuffer, compare
 	if err != nil {
 		return err
 	}
-	return e.postSQ(&shm.SQE{Op: opCmpSwap, Flags: uint8(flags), NSGE: n, ID: cookie, RemoteSTag: at.Context, RemoteTO: at.Address,
+	return e.postSQ(&shm.SQE{Op: shm.SQCmpSwap, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, RemoteSTag: at.Context, RemoteTO: at.Address,
 		Compare: compare, Swap: swap, SGL: sgl})
 }
 
 // PostImmediate sends eight octets of RFC 7306 immediate data; after a
 // PostWrite it makes an RDMA Write with Immediate.
 func (e *EP) PostImmediate(cookie uint64, data [8]byte, flags Flags) error {
-	return e.postSQ(&shm.SQE{Op: opImmediate, Flags: uint8(flags), ID: cookie, Immediate: data})
+	return e.postSQ(&shm.SQE{Op: shm.SQImmediate, Flags: shm.WRFlags(flags), ID: cookie, Immediate: data})
 }
 
 // PostRecv posts a receive buffer (dat_ep_post_recv). It may be posted

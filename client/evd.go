@@ -185,11 +185,11 @@ func (e *EVD) dequeue() (Event, bool, error) {
 			return Event{}, false, fmt.Errorf("EVD %d: wake the daemon: %w", e.h, err)
 		}
 	}
-	ev := Event{Type: EventType(v.Kind), Cookie: v.ID, Status: completion.Status(v.Status), Opcode: completion.Opcode(v.Opcode),
+	ev := Event{Type: EventType(v.Kind), Cookie: v.ID, Status: completion.Status(v.Status), Opcode: toOpcode(v.Opcode),
 		Length: v.ByteLen, Solicited: v.Flags&shm.EVESolicited != 0, Invalidated: v.Invalidated,
 		HasInvalid: v.Flags&shm.EVEInvalidated != 0, Immediate: v.Immediate, Conn: ConnEvent(v.Event)}
-	if v.Cause&(1<<24) != 0 {
-		ev.Cause = &ddp.TerminateError{Layer: ddp.Layer(v.Cause >> 16 & 0xff), Type: uint8(v.Cause >> 8), Code: uint8(v.Cause)}
+	if te, ok := shm.UnpackCause(v.Cause); ok {
+		ev.Cause = &te
 	}
 	if v.EP != 0 {
 		ev.EP = e.ia.epFor(v.EP)
@@ -198,6 +198,29 @@ func (e *EVD) dequeue() (Event, bool, error) {
 		ev.CR = &CR{ia: e.ia, h: v.Handle, EP: ev.EP}
 	}
 	return ev, true, nil
+}
+
+// opcodes maps the event ring's DTO opcodes to the completion opcodes an
+// Event carries.
+var opcodes = [shm.NumDTOOpcodes]completion.Opcode{
+	shm.DTOSend:            completion.OpSend,
+	shm.DTOWrite:           completion.OpWrite,
+	shm.DTORead:            completion.OpRead,
+	shm.DTOFetchAdd:        completion.OpFetchAdd,
+	shm.DTOCmpSwap:         completion.OpCmpSwap,
+	shm.DTOLocalInvalidate: completion.OpLocalInvalidate,
+	shm.DTOImmediate:       completion.OpImmediate,
+	shm.DTORecv:            completion.OpRecv,
+	shm.DTORecvImmediate:   completion.OpRecvImmediate,
+}
+
+// toOpcode converts a DTO event's opcode; one the table does not know (a
+// newer daemon's) goes through as its number.
+func toOpcode(o shm.DTOOpcode) completion.Opcode {
+	if o < shm.NumDTOOpcodes {
+		return opcodes[o]
+	}
+	return completion.Opcode(o)
 }
 
 // Wait returns the next event, sleeping until one arrives or ctx ends;

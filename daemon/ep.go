@@ -30,10 +30,11 @@ type ep struct {
 	qp     *rnic.QP
 	rings  *shm.Memfd
 	sq, rq *shm.Ring
-	// src is the rings as a source of the QP's poller (accelerated
-	// datapath); nil where the session drains them. The poller sets
-	// handOff for the session to drain them.
+	// src is the rings as a source of the QP's poller (xdp datapath),
+	// loop their goroutine (kernel datapath); see sources.go. handOff:
+	// the owner handed them to the session.
 	src     *ringSource
+	loop    *ringLoop
 	handOff atomic.Bool
 	// ringMu is held by whoever consumes sq and rq, the session or the
 	// poller (ringSource), and guards sgl, scratch for one work request's
@@ -171,12 +172,24 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 		if err != nil {
 			return nil, fail(ctl.InsufficientResources, "%v", err)
 		}
-		// On the xdp datapath BeforeReceive runs on the QP's poller.
+		// On the xdp datapath BeforeReceive runs on the QP's poller,
+		// and the poller forwards completions (evdSource); on the
+		// kernel datapath whoever completes does (ringLoop).
 		polled := s.srv.dev.Pollers() != nil
-		q, err := s.srv.dev.CreateQP(p.pd, rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
+		attr := rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
 			SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
 			OnEvent:       func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) },
-			BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }})
+			BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }}
+		if !polled {
+			attr.Completed = func() { s.completed(e, recv, req) }
+			attr.Poll = func() bool { return e.loop != nil && e.loop.poll() }
+			attr.PollDone = func() {
+				if e.loop != nil {
+					e.loop.pollDone()
+				}
+			}
+		}
+		q, err := s.srv.dev.CreateQP(p.pd, attr)
 		if err != nil {
 			mem.Close()
 			return nil, fail(ctl.InvalidParameter, "%v", err)
@@ -238,29 +251,39 @@ func (s *session) unconfigureEP(e *ep) {
 	e.pz, e.recv, e.req, e.conn = nil, nil, nil, nil
 }
 
-// ringDoorbell gives the EP's rings to its QP's poller where there is one
-// and returns the descriptor the client rings for them: the poller's
-// doorbell, or the session's.
+// ringDoorbell gives the EP's rings to their owner (sources.go), its QP's
+// poller or a loop of their own, and returns the descriptor the client
+// rings for them.
 func (s *session) ringDoorbell(e *ep) (*os.File, error) {
-	if pl := e.qp.Poller(); pl != nil {
-		if db, err := pl.Doorbell(); err == nil {
-			src := &ringSource{s: s, e: e, pl: pl}
-			if pl.AddSource(src) == nil {
-				e.src = src
-				return db, nil
-			}
-			db.Close()
-		}
+	pl := e.qp.Poller()
+	if pl == nil {
+		return s.startRingLoop(e)
 	}
-	return dupFile(s.doorbell)
+	db, err := pl.Doorbell()
+	if err != nil {
+		return nil, err
+	}
+	src := &ringSource{s: s, e: e, pl: pl}
+	if err := pl.AddSource(src); err != nil {
+		db.Close()
+		return nil, err
+	}
+	e.src = src
+	return db, nil
 }
 
-// unpoll takes the EP's rings from its poller, which once this returns
+// unpoll takes the EP's rings from their owner, which once this returns
 // touches them no more: call it before the rings are unmapped.
 func unpoll(e *ep) {
 	if e.src != nil {
 		_ = e.src.pl.RemoveSource(e.src)
 		e.src = nil
+	}
+	if e.loop != nil {
+		// The loop stays e's: the QP's Completed hook may still wake
+		// it (a stopped loop's wake does nothing) until the QP is
+		// destroyed, which is before the rings go.
+		e.loop.stop()
 	}
 }
 

@@ -13,26 +13,26 @@ import (
 // entries the engine must not see are refused.
 func TestToSendWR(t *testing.T) {
 	var scratch [shm.RingSGE]qp.SGE
-	e := shm.SQE{ID: 7, Op: uint8(qp.OpWrite), Flags: uint8(qp.Signaled), NSGE: 2, RemoteSTag: 9, RemoteTO: 64}
+	e := shm.SQE{ID: 7, Op: shm.SQWrite, Flags: shm.WRSignaled, NSGE: 2, RemoteSTag: 9, RemoteTO: 64}
 	e.SGL[0] = shm.SGE{LKey: 1, Addr: 2, Length: 3}
 	e.SGL[1] = shm.SGE{LKey: 4, Addr: 5, Length: 6}
 	wr, err := toSendWR(&e, scratch[:])
-	if err != nil || wr.Op != qp.OpWrite || len(wr.SGL) != 2 || wr.SGL[1] != (qp.SGE{LKey: 4, Addr: 5, Length: 6}) || wr.RemoteTO != 64 {
+	if err != nil || wr.Op != qp.OpWrite || wr.Flags != qp.Signaled || len(wr.SGL) != 2 || wr.SGL[1] != (qp.SGE{LKey: 4, Addr: 5, Length: 6}) || wr.RemoteTO != 64 {
 		t.Fatalf("%+v %v", wr, err)
 	}
 	if n := testing.AllocsPerRun(100, func() { _, _ = toSendWR(&e, scratch[:]) }); n != 0 {
 		t.Fatalf("toSendWR allocates %.0f times", n)
 	}
-	for _, bad := range []shm.SQE{{Op: uint8(qp.OpImmediate) + 1}, {NSGE: shm.RingSGE + 1}, {Flags: 0x80}} {
+	for _, bad := range []shm.SQE{{Op: shm.NumSQOps}, {NSGE: shm.RingSGE + 1}, {Flags: 0x80}} {
 		if _, err := toSendWR(&bad, scratch[:]); !errors.Is(err, qp.ErrInvalidWR) {
 			t.Fatalf("%+v: %v", bad, err)
 		}
 	}
 }
 
-// A session's data-path step visits its EPs and EVDs only: an application
-// that registers thousands of buffers does not slow its own posts down.
-// (The step used to walk every object, twice, at every turn.)
+// A session's step costs nothing for objects nobody handed over: an
+// application that registers thousands of buffers does not slow its own
+// posts down. (The step used to walk every object, twice, at every turn.)
 func BenchmarkSessionStep(b *testing.B) {
 	for _, lmrs := range []int{0, 4096} {
 		b.Run(fmt.Sprintf("lmrs=%d", lmrs), func(b *testing.B) {
@@ -52,18 +52,33 @@ func BenchmarkSessionStep(b *testing.B) {
 	}
 }
 
-// The data-path lists follow adds and frees.
-func TestDataPathLists(t *testing.T) {
-	s := &session{objects: map[uint32]any{}}
-	hl, _ := s.add(&lmr{})
-	he, _ := s.add(&ep{})
-	hv, _ := s.add(&evd{})
-	if eps, evds := s.dataPath(); len(eps) != 1 || len(evds) != 1 {
-		t.Fatalf("eps %d evds %d", len(eps), len(evds))
+// The session's loop visits only what was handed to it: the EPs and EVDs
+// whose owners run the data path are not its to scan, however many.
+func TestStepVisitsOnlyWhatWasHandedOver(t *testing.T) {
+	s := &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}
+	add := func() *ep {
+		e := &ep{}
+		h, err := s.add(e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.h = h
+		e.handOff.Store(true)
+		return e
 	}
-	s.forget(he)
-	s.forget(hl)
-	if eps, evds := s.dataPath(); len(eps) != 0 || len(evds) != 1 || evds[0] != s.objects[hv] {
-		t.Fatalf("after frees: eps %d evds %d", len(eps), len(evds))
+	var others []*ep
+	for range 1000 {
+		others = append(others, add())
+	}
+	e := add()
+	s.handOff(e)
+	s.step()
+	if e.handOff.Load() {
+		t.Fatal("the EP handed over was not seen to")
+	}
+	for _, o := range others {
+		if !o.handOff.Load() {
+			t.Fatal("the step visited an EP nobody handed over")
+		}
 	}
 }

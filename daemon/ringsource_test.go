@@ -1,11 +1,11 @@
 package daemon
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/internal/shm"
-	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/xdpnet"
 )
@@ -46,12 +46,12 @@ func newRingTest(t *testing.T) *ringTest {
 	rt.e.rq, _ = shm.NewRing(mem.Mem[sqSize:], 8, shm.RQESize)
 	rt.sq, _ = shm.NewRing(mem.Mem[:sqSize], 8, shm.SQESize)
 	rt.rq, _ = shm.NewRing(mem.Mem[sqSize:], 8, shm.RQESize)
-	rt.src = &ringSource{s: rt.s, e: rt.e}
+	rt.src = &ringSource{s: rt.s, e: rt.e, pl: &fakePoller{}}
 	rt.e.src = rt.src
-	for _, o := range []any{rt.e, rt.ev} {
-		_, err := rt.s.add(o)
-		must(t, err)
-	}
+	var err2 error
+	rt.e.h, err = rt.s.add(rt.e)
+	rt.ev.h, err2 = rt.s.add(rt.ev)
+	must(t, errors.Join(err, err2))
 	return rt
 }
 
@@ -128,7 +128,7 @@ func TestRingSource(t *testing.T) {
 
 	// A request the engine refuses stays in the ring for the session,
 	// which reports it.
-	rt.postSend(t, shm.SQE{ID: 9, Op: uint8(qp.OpImmediate) + 1})
+	rt.postSend(t, shm.SQE{ID: 9, Op: shm.NumSQOps})
 	if src.Poll() {
 		t.Fatal("the poller took a refused request")
 	}
@@ -191,7 +191,7 @@ func TestEVDSource(t *testing.T) {
 	pl := &fakePoller{}
 	src := &evdSource{s: s, e: e, pl: pl}
 	e.src = src
-	_, err = s.add(e)
+	e.h, err = s.add(e)
 	must(t, err)
 	s.owners.Store(uint32(5), uint32(77))
 	client, _ := shm.NewRing(mem.Mem, 4, shm.EVESize)

@@ -4,25 +4,29 @@
 // rings (package internal/shm).
 //
 // Goroutines: the Server's accept loop; per session, a control loop that
-// reads requests and answers them in order, a poller that moves work
-// requests from the session's rings into the engine and completions and
-// events back (it sleeps on a channel when idle, after raising the rings'
-// need-wakeup flags), and a doorbell reader that turns the client's eventfd
-// writes into wake-ups. On the accelerated datapath an EP's rings are its
-// QP's xdpnet poller's instead (ringSource): the pinned poller takes work
-// requests on the CQ's CPU and the client's doorbell for them is the
-// poller's; and that poller forwards a DTO EVD's completions (evdSource).
-// Connection setup runs in short-lived goroutines whose results, like the
-// engine's connection events, are queued for the session's poller (a
-// connect still running when the session ends is cancelled). The
-// QP's receive loop (or its poller) also takes the client's queued
-// receives before the engine reads what arrived (takeQueuedRecvs). An
-// EP's ringMu makes its rings' consumers one, an EVD's its ring's
-// producers. Lock order: session.mu, then an EP's ringMu, then an EVD's
-// ringMu or any QP's. One watchdog goroutine per Server looks at the xdp
-// pollers and the sessions' poll loops once a second and logs the stacks
-// of all goroutines when one has had work without progress for 5 s
-// (stall.go).
+// reads requests and answers them in order, an event loop (events.go) that
+// applies connection events and sees to what the data path hands it, and a
+// doorbell reader for the client's "room in an event ring" wake-ups. The
+// data path does not pass through the session (sources.go): on the xdp
+// datapath an EP's rings and a DTO EVD are sources of their QP's pinned
+// poller (ringSource, evdSource; the client's doorbell for the rings is
+// the poller's); on the kernel datapath an EP's rings have a goroutine of
+// their own asleep on the EP's doorbell (ringLoop), posts are sent from
+// there by the QP's connection, and completions are forwarded to the event
+// rings by whichever goroutine made them (the QP's Completed hook: its
+// receive goroutine, the ring loop), while the receive goroutine polls the
+// send ring for a moment after delivering (the QP's Poll hook). See rnic's
+// package comment for the life of a Write on each. Connection setup runs
+// in short-lived goroutines whose results, like the engine's connection
+// events, are queued for the session's event loop (a connect still running
+// when the session ends is cancelled). The QP's receive goroutine (or its
+// poller) also takes the client's queued receives before the engine reads
+// what arrived (takeQueuedRecvs). An EP's ringMu makes its rings'
+// consumers one at a time, an EVD's its ring's producers. Lock order:
+// session.mu, then an EP's ringMu, then an EVD's ringMu or any QP's. One
+// watchdog goroutine per Server looks at the xdp pollers and the sessions'
+// event loops once a second and logs the stacks of all goroutines when one
+// has had work without progress for 5 s (stall.go).
 package daemon
 
 import (

@@ -37,13 +37,11 @@ type session struct {
 
 	mu      sync.Mutex
 	objects map[uint32]any
-	// eps and evds are the objects the data path visits on every step,
-	// rebuilt from objects when one is added or freed (dpStale): a
-	// session with thousands of LMRs costs the poller nothing for them.
-	eps     []*ep
-	evds    []*evd
-	dpStale bool
 	next    uint32
+	// held are the EPs and EVDs handed to the session that it still
+	// holds, produced the EVDs it produced into this step; loop-owned.
+	held     []any
+	produced []*evd
 	// owners maps a QPN to its EP's handle, for completions: read by
 	// pollers without s.mu.
 	owners  sync.Map
@@ -53,8 +51,11 @@ type session struct {
 	wake     chan struct{}
 	done     chan struct{}
 
+	// evMu guards what the loop is given: connection events, and the
+	// EPs and EVDs their owners hand over (handOff).
 	evMu    sync.Mutex
 	pending []pendingEvent
+	handed  []any
 
 	loops sync.WaitGroup
 }
@@ -157,110 +158,106 @@ func fail(st ctl.Status, format string, args ...any) error {
 	return &ctl.Error{Status: st, Message: fmt.Sprintf(format, args...)}
 }
 
+// handler serves one kind of request: it decodes body, the request, and
+// calls the session's method with it and fds, the descriptors passed with
+// it (closed after; a method dups what it keeps). The files it returns go
+// with the reply. A body that does not decode is a ctl.ProtocolError: the
+// client broke the protocol, and the session ends.
+type handler func(s *session, op ctl.Op, body []byte, fds []*os.File) (any, []*os.File, error)
+
+// handlers is indexed by ctl.Op; an op past its end or without an entry
+// is answered NotImplemented.
+var handlers = [...]handler{
+	ctl.OpHello:       reply((*session).hello),
+	ctl.OpQueryIA:     noBody((*session).queryIA),
+	ctl.OpCreatePZ:    noBody((*session).createPZ),
+	ctl.OpFreePZ:      onHandle((*session).freePZ),
+	ctl.OpRegisterLMR: decoded((*session).registerLMR),
+	ctl.OpFreeLMR:     onHandle((*session).freeLMR),
+	ctl.OpCreateEVD:   reply((*session).createEVD),
+	ctl.OpFreeEVD:     onHandle((*session).freeEVD),
+	ctl.OpCreateEP:    reply(func(s *session, req *ctl.CreateEP) (any, []*os.File, error) { return s.createEP(&req.Attr, nil) }),
+	ctl.OpModifyEP:    reply((*session).modifyEP),
+	ctl.OpQueryEP:     queryHandle((*session).queryEP),
+	ctl.OpFreeEP:      onHandle((*session).freeEP),
+	ctl.OpConnect:     act((*session).connect),
+	ctl.OpDisconnect:  act((*session).disconnect),
+	ctl.OpResetEP:     onHandle((*session).resetEP),
+	ctl.OpCreatePSP:   reply((*session).createPSP),
+	ctl.OpFreePSP:     onHandle((*session).freePSP),
+	ctl.OpCreateRSP:   reply((*session).createRSP),
+	ctl.OpQueryCR:     queryHandle((*session).queryCR),
+	ctl.OpAcceptCR:    act((*session).acceptCR),
+	ctl.OpRejectCR:    act((*session).rejectCR),
+	ctl.OpStats:       noBody((*session).stats),
+}
+
+// handle serves one request by its op's handler.
 func (s *session) handle(op ctl.Op, body []byte, fds []*os.File) (any, []*os.File, error) {
-	decode := func(v any) error {
-		if err := ctl.Unmarshal(body, v); err != nil {
-			return &ctl.Error{Status: ctl.ProtocolError, Message: fmt.Sprintf("%v: %v", op, err)}
-		}
-		return nil
+	if int(op) >= len(handlers) || handlers[op] == nil {
+		return nil, nil, fail(ctl.NotImplemented, "operation %v", op)
 	}
-	var handle ctl.Handle
-	switch op {
-	case ctl.OpHello:
-		var req ctl.Hello
-		if err := decode(&req); err != nil {
-			return nil, nil, err
+	return handlers[op](s, op, body, fds)
+}
+
+// decoded is the handler of requests of type Req: it decodes the body into
+// one and calls f. The adapters below fit it to the methods' shapes.
+func decoded[Req any](f func(s *session, req *Req, fds []*os.File) (any, []*os.File, error)) handler {
+	return func(s *session, op ctl.Op, body []byte, fds []*os.File) (any, []*os.File, error) {
+		var req Req
+		if err := ctl.Unmarshal(body, &req); err != nil {
+			return nil, nil, &ctl.Error{Status: ctl.ProtocolError, Message: fmt.Sprintf("%v: %v", op, err)}
 		}
-		db, err := dupFile(s.doorbell)
-		if err != nil {
-			return nil, nil, err
-		}
-		return &ctl.HelloReply{Session: s.id, IA: s.srv.iaAttr()}, []*os.File{db}, nil
-	case ctl.OpQueryIA:
-		a := s.srv.iaAttr()
-		return &a, nil, decode(&struct{}{})
-	case ctl.OpCreatePZ:
-		if err := decode(&struct{}{}); err != nil {
-			return nil, nil, err
-		}
-		return s.createPZ()
-	case ctl.OpFreePZ, ctl.OpFreeLMR, ctl.OpFreeEVD, ctl.OpFreeEP, ctl.OpFreePSP, ctl.OpResetEP, ctl.OpQueryEP, ctl.OpQueryCR:
-		if err := decode(&handle); err != nil {
-			return nil, nil, err
-		}
-		return s.handleOne(op, handle.H)
-	case ctl.OpRegisterLMR:
-		var req ctl.RegisterLMR
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		if len(fds) != 1 {
-			return nil, nil, fail(ctl.InvalidParameter, "RegisterLMR needs one memfd, got %d descriptors", len(fds))
-		}
-		return s.registerLMR(&req, fds[0])
-	case ctl.OpCreateEVD:
-		var req ctl.CreateEVD
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return s.createEVD(&req)
-	case ctl.OpCreateEP:
-		var req ctl.CreateEP
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return s.createEP(&req.Attr, nil)
-	case ctl.OpModifyEP:
-		var req ctl.ModifyEP
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return s.modifyEP(&req)
-	case ctl.OpConnect:
-		var req ctl.Connect
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, s.connect(&req)
-	case ctl.OpDisconnect:
-		var req ctl.Disconnect
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, s.disconnect(&req)
-	case ctl.OpCreatePSP:
-		var req ctl.CreatePSP
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return s.createPSP(&req)
-	case ctl.OpCreateRSP:
-		var req ctl.CreateRSP
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return s.createRSP(&req)
-	case ctl.OpAcceptCR:
-		var req ctl.AcceptCR
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, s.acceptCR(&req)
-	case ctl.OpRejectCR:
-		var req ctl.RejectCR
-		if err := decode(&req); err != nil {
-			return nil, nil, err
-		}
-		return nil, nil, s.rejectCR(&req)
-	case ctl.OpStats:
-		if err := decode(&struct{}{}); err != nil {
-			return nil, nil, err
-		}
-		c := s.srv.Counts()
-		return &ctl.StatsReply{Sessions: uint32(c["sessions"]), PZ: uint32(c["pz"]), LMR: uint32(c["lmr"]),
-			EVD: uint32(c["evd"]), EP: uint32(c["ep"]), PSP: uint32(c["psp"]), CR: uint32(c["cr"]), Stalls: s.srv.Stalls()}, nil, nil
+		return f(s, &req, fds)
 	}
-	return nil, nil, fail(ctl.NotImplemented, "operation %v", op)
+}
+
+// reply: a method that takes no descriptors and answers.
+func reply[Req any](f func(*session, *Req) (any, []*os.File, error)) handler {
+	return decoded(func(s *session, req *Req, _ []*os.File) (any, []*os.File, error) { return f(s, req) })
+}
+
+// act: a method that only succeeds or fails.
+func act[Req any](f func(*session, *Req) error) handler {
+	return decoded(func(s *session, req *Req, _ []*os.File) (any, []*os.File, error) { return nil, nil, f(s, req) })
+}
+
+// noBody: a request with an empty body.
+func noBody(f func(*session) (any, []*os.File, error)) handler {
+	return reply(func(s *session, _ *struct{}) (any, []*os.File, error) { return f(s) })
+}
+
+// onHandle: a request of one handle (ctl.Handle) that only succeeds or
+// fails.
+func onHandle(f func(*session, uint32) error) handler {
+	return act(func(s *session, req *ctl.Handle) error { return f(s, req.H) })
+}
+
+// queryHandle: a request of one handle that answers.
+func queryHandle(f func(*session, uint32) (any, []*os.File, error)) handler {
+	return reply(func(s *session, req *ctl.Handle) (any, []*os.File, error) { return f(s, req.H) })
+}
+
+// hello answers the client's first request with the session and the IA,
+// and passes the doorbell.
+func (s *session) hello(*ctl.Hello) (any, []*os.File, error) {
+	db, err := dupFile(s.doorbell)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &ctl.HelloReply{Session: s.id, IA: s.srv.iaAttr()}, []*os.File{db}, nil
+}
+
+func (s *session) queryIA() (any, []*os.File, error) {
+	a := s.srv.iaAttr()
+	return &a, nil, nil
+}
+
+// stats are the daemon's object counts, all sessions.
+func (s *session) stats() (any, []*os.File, error) {
+	c := s.srv.Counts()
+	return &ctl.StatsReply{Sessions: uint32(c["sessions"]), PZ: uint32(c["pz"]), LMR: uint32(c["lmr"]),
+		EVD: uint32(c["evd"]), EP: uint32(c["ep"]), PSP: uint32(c["psp"]), CR: uint32(c["cr"]), Stalls: s.srv.Stalls()}, nil, nil
 }
 
 func dupFile(f *os.File) (*os.File, error) {
@@ -289,38 +286,12 @@ func (s *session) add(o any) (uint32, error) {
 		}
 	}
 	s.objects[s.next] = o
-	s.noteDataPath(o)
 	return s.next, nil
 }
 
 // forget removes handle h; s.mu held.
 func (s *session) forget(h uint32) {
-	s.noteDataPath(s.objects[h])
 	delete(s.objects, h)
-}
-
-func (s *session) noteDataPath(o any) {
-	switch o.(type) {
-	case *ep, *evd:
-		s.dpStale = true
-	}
-}
-
-// dataPath returns the session's EPs and EVDs; s.mu held.
-func (s *session) dataPath() ([]*ep, []*evd) {
-	if s.dpStale {
-		s.dpStale = false
-		s.eps, s.evds = s.eps[:0], s.evds[:0]
-		for _, o := range s.objects {
-			switch o := o.(type) {
-			case *ep:
-				s.eps = append(s.eps, o)
-			case *evd:
-				s.evds = append(s.evds, o)
-			}
-		}
-	}
-	return s.eps, s.evds
 }
 
 // get finds a handle of type T; s.mu held.
@@ -361,9 +332,14 @@ func (s *session) createPZ() (any, []*os.File, error) {
 	return &ctl.CreatePZReply{PZ: h}, nil, nil
 }
 
-// registerLMR maps the client's memfd range and registers it. The memfd
-// must be sealed against shrinking, so the mapping can never fault.
-func (s *session) registerLMR(req *ctl.RegisterLMR, f *os.File) (any, []*os.File, error) {
+// registerLMR maps the client's memfd range, the one descriptor passed,
+// and registers it. The memfd must be sealed against shrinking, so the
+// mapping can never fault.
+func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.File, error) {
+	if len(fds) != 1 {
+		return nil, nil, fail(ctl.InvalidParameter, "RegisterLMR needs one memfd, got %d descriptors", len(fds))
+	}
+	f := fds[0]
 	if req.Length == 0 || req.Length > maxLMR || req.Offset%uint64(os.Getpagesize()) != 0 || req.Offset+req.Length < req.Offset {
 		return nil, nil, fail(ctl.InvalidParameter, "LMR offset %d length %d", req.Offset, req.Length)
 	}
@@ -419,8 +395,12 @@ type evd struct {
 	// produced: the session produced since its last notification
 	// check (the poller signals the client itself); s.mu.
 	produced bool
-	// handOff: the poller left the EVD to the session.
+	// handOff: the owner left the EVD to the session.
 	handOff atomic.Bool
+	// again: a pump found the ring lock taken and left its completions
+	// to the holder (pump). freed: the ring is unmapped; ringMu.
+	again atomic.Bool
+	freed bool
 }
 
 // reserve takes a slot in the event ring, asking for room when it is full
@@ -481,12 +461,12 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 	}
 	e := &evd{flags: req.Flags, mem: mem, ring: ring, notify: notify}
 	if req.Flags&ctl.EVDDTO != 0 {
-		// An armed CQ wakes whoever forwards its completions.
+		// The poller arms its CQ before it sleeps; on the kernel
+		// datapath the CQ is never armed, its completions pumped by
+		// the goroutines that make them (sources.go).
 		e.cq, err = completion.New(completion.Options{Depth: int(entries), Vector: int(req.Vector), Handler: func(*completion.CQ) {
 			if e.src != nil {
 				e.src.pl.Wake()
-			} else {
-				s.kick()
 			}
 		}})
 		if err != nil {
@@ -495,9 +475,13 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 			return nil, nil, fail(ctl.InvalidParameter, "%v", err)
 		}
 		if pl := s.srv.dev.Poller(int(req.Vector)); pl != nil {
-			if src := (&evdSource{s: s, e: e, pl: pl}); pl.AddSource(src) == nil {
-				e.src = src
+			src := &evdSource{s: s, e: e, pl: pl}
+			if err := pl.AddSource(src); err != nil {
+				mem.Close()
+				notify.Close()
+				return nil, nil, fail(ctl.InsufficientResources, "%v", err)
 			}
+			e.src = src
 		}
 	}
 	s.mu.Lock()
@@ -522,73 +506,66 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 	return &ctl.CreateEVDReply{EVD: h, Entries: entries}, []*os.File{ringFD, notifyFD}, nil
 }
 
-// handleOne serves the requests that take one handle.
-func (s *session) handleOne(op ctl.Op, h uint32) (any, []*os.File, error) {
-	switch op {
-	case ctl.OpFreePZ:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		p, err := get[*pz](s, h, "PZ")
-		if err != nil {
-			return nil, nil, err
-		}
-		if p.refs > 0 {
-			return nil, nil, fail(ctl.InvalidState, "PZ %d in use by %d LMRs or EPs", h, p.refs)
-		}
-		if err := p.pd.Free(); err != nil {
-			return nil, nil, fail(ctl.InvalidState, "%v", err)
-		}
-		s.forget(h)
-		return nil, nil, nil
-	case ctl.OpFreeLMR:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		l, err := get[*lmr](s, h, "LMR")
-		if err != nil {
-			return nil, nil, err
-		}
-		if err := l.mr.Deregister(); err != nil {
-			return nil, nil, fail(ctl.InvalidState, "%v", err)
-		}
-		_ = shm.Unmap(l.mapping)
-		l.pz.refs--
-		s.forget(h)
-		return nil, nil, nil
-	case ctl.OpFreeEVD:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		e, err := get[*evd](s, h, "EVD")
-		if err != nil {
-			return nil, nil, err
-		}
-		if e.refs > 0 {
-			return nil, nil, fail(ctl.InvalidState, "EVD %d in use by %d EPs or PSPs", h, e.refs)
-		}
-		e.free()
-		s.forget(h)
-		return nil, nil, nil
-	case ctl.OpFreeEP:
-		return nil, nil, s.freeEP(h)
-	case ctl.OpResetEP:
-		return nil, nil, s.resetEP(h)
-	case ctl.OpQueryEP:
-		return s.queryEP(h)
-	case ctl.OpFreePSP:
-		return nil, nil, s.freePSP(h)
-	case ctl.OpQueryCR:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		c, err := get[*cr](s, h, "CR")
-		if err != nil {
-			return nil, nil, err
-		}
-		info := &ctl.CRInfo{PrivateData: c.req.PrivateData, RemoteAddr: c.req.RemoteAddr.String(), LocalAddr: c.req.LocalAddr.String()}
-		if c.ep != nil {
-			info.EP = c.ep.h
-		}
-		return info, nil, nil
+func (s *session) freePZ(h uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := get[*pz](s, h, "PZ")
+	if err != nil {
+		return err
 	}
-	return nil, nil, fail(ctl.NotImplemented, "operation %v", op)
+	if p.refs > 0 {
+		return fail(ctl.InvalidState, "PZ %d in use by %d LMRs or EPs", h, p.refs)
+	}
+	if err := p.pd.Free(); err != nil {
+		return fail(ctl.InvalidState, "%v", err)
+	}
+	s.forget(h)
+	return nil
+}
+
+func (s *session) freeLMR(h uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l, err := get[*lmr](s, h, "LMR")
+	if err != nil {
+		return err
+	}
+	if err := l.mr.Deregister(); err != nil {
+		return fail(ctl.InvalidState, "%v", err)
+	}
+	_ = shm.Unmap(l.mapping)
+	l.pz.refs--
+	s.forget(h)
+	return nil
+}
+
+func (s *session) freeEVD(h uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e, err := get[*evd](s, h, "EVD")
+	if err != nil {
+		return err
+	}
+	if e.refs > 0 {
+		return fail(ctl.InvalidState, "EVD %d in use by %d EPs or PSPs", h, e.refs)
+	}
+	e.free()
+	s.forget(h)
+	return nil
+}
+
+func (s *session) queryCR(h uint32) (any, []*os.File, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, err := get[*cr](s, h, "CR")
+	if err != nil {
+		return nil, nil, err
+	}
+	info := &ctl.CRInfo{PrivateData: c.req.PrivateData, RemoteAddr: c.req.RemoteAddr.String(), LocalAddr: c.req.LocalAddr.String()}
+	if c.ep != nil {
+		info.EP = c.ep.h
+	}
+	return info, nil, nil
 }
 
 func (e *evd) free() {
@@ -597,6 +574,9 @@ func (e *evd) free() {
 		// stays: the CQ's handler may still read it.
 		_ = e.src.pl.RemoveSource(e.src)
 	}
+	e.ringMu.Lock()
+	e.freed = true // a pump touches the ring no more
+	e.ringMu.Unlock()
 	e.mem.Close()
 	e.notify.Close()
 }

@@ -22,13 +22,13 @@ type SGE struct {
 	Addr   uint64
 }
 
-// SQE is a send-queue entry:
+// SQE is a send-queue entry (op an SQOp, flags WRFlags):
 //
 //	0 op | 1 flags | 2 nsge | 4 invalidate STag | 8 id | 16 remote STag |
 //	24 remote TO | 32 compare/add | 40 swap | 48 immediate[8] | 64 sge[4]
 type SQE struct {
-	Op             uint8
-	Flags          uint8
+	Op             SQOp
+	Flags          WRFlags
 	NSGE           uint8
 	InvalidateSTag uint32
 	ID             uint64
@@ -42,7 +42,7 @@ type SQE struct {
 
 // Encode writes e into a ring slot.
 func (e *SQE) Encode(b []byte) {
-	b[0], b[1], b[2], b[3] = e.Op, e.Flags, e.NSGE, 0
+	b[0], b[1], b[2], b[3] = uint8(e.Op), uint8(e.Flags), e.NSGE, 0
 	ne.PutUint32(b[4:], e.InvalidateSTag)
 	ne.PutUint64(b[8:], e.ID)
 	ne.PutUint32(b[16:], e.RemoteSTag)
@@ -61,7 +61,7 @@ func (e *SQE) Encode(b []byte) {
 func DecodeSQE(slot []byte) SQE {
 	var c [SQESize]byte
 	copy(c[:], slot)
-	e := SQE{Op: c[0], Flags: c[1], NSGE: c[2],
+	e := SQE{Op: SQOp(c[0]), Flags: WRFlags(c[1]), NSGE: c[2],
 		InvalidateSTag: ne.Uint32(c[4:]), ID: ne.Uint64(c[8:]), RemoteSTag: ne.Uint32(c[16:]),
 		RemoteTO: ne.Uint64(c[24:]), Compare: ne.Uint64(c[32:]), Swap: ne.Uint64(c[40:])}
 	copy(e.Immediate[:], c[48:56])
@@ -106,22 +106,16 @@ const (
 	EventOverflow   = 4 // the daemon could not deliver: the EVD overflowed
 )
 
-// EVE flags.
-const (
-	EVESolicited   = 1
-	EVEInvalidated = 2
-)
-
-// EVE is an event entry:
+// EVE is an event entry (opcode a DTOOpcode, flags EVEFlags):
 //
 //	0 kind | 1 status | 2 opcode | 3 flags | 4 EP | 8 id | 16 byte length |
 //	20 invalidated STag | 24 immediate[8] | 32 handle | 36 event |
-//	40 terminate cause (layer<<16 | type<<8 | code)
+//	40 terminate cause (PackCause)
 type EVE struct {
 	Kind        uint8
 	Status      uint8
-	Opcode      uint8
-	Flags       uint8
+	Opcode      DTOOpcode
+	Flags       EVEFlags
 	EP          uint32
 	ID          uint64
 	ByteLen     uint32
@@ -134,7 +128,7 @@ type EVE struct {
 
 // Encode writes e into a ring slot.
 func (e *EVE) Encode(b []byte) {
-	b[0], b[1], b[2], b[3] = e.Kind, e.Status, e.Opcode, e.Flags
+	b[0], b[1], b[2], b[3] = e.Kind, e.Status, uint8(e.Opcode), uint8(e.Flags)
 	ne.PutUint32(b[4:], e.EP)
 	ne.PutUint64(b[8:], e.ID)
 	ne.PutUint32(b[16:], e.ByteLen)
@@ -149,7 +143,7 @@ func (e *EVE) Encode(b []byte) {
 func DecodeEVE(slot []byte) EVE {
 	var c [EVESize]byte
 	copy(c[:], slot)
-	e := EVE{Kind: c[0], Status: c[1], Opcode: c[2], Flags: c[3], EP: ne.Uint32(c[4:]), ID: ne.Uint64(c[8:]),
+	e := EVE{Kind: c[0], Status: c[1], Opcode: DTOOpcode(c[2]), Flags: EVEFlags(c[3]), EP: ne.Uint32(c[4:]), ID: ne.Uint64(c[8:]),
 		ByteLen: ne.Uint32(c[16:]), Invalidated: ne.Uint32(c[20:]), Handle: ne.Uint32(c[32:]),
 		Event: ne.Uint32(c[36:]), Cause: ne.Uint32(c[40:])}
 	copy(e.Immediate[:], c[24:32])
