@@ -74,6 +74,9 @@ func (s *session) drain(e *ep, take func(*ep, bool) (progress, left bool)) bool 
 // poller) a refused request or corrupt ring stays in the ring and left
 // says the session must see to it.
 func (s *session) takeSQ(e *ep, report bool) (progress, left bool) {
+	// The batch goes to the wire once, after the last post.
+	e.qp.BeginPosts()
+	defer e.qp.EndPosts()
 	for n := 0; n < batch; n++ {
 		if report && e.req.backlogFull() {
 			return progress, true

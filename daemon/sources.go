@@ -4,9 +4,11 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/xdpnet"
+	"golang.org/x/sys/unix"
 )
 
 // The data path between a client's rings and the RNIC runs where the work
@@ -190,11 +192,18 @@ func (s *session) startRingLoop(e *ep) (*os.File, error) {
 func (r *ringLoop) run() {
 	defer close(r.done)
 	e := r.e
+	var busyUntil time.Time // after work, the loop looks on a while
 	for {
 		sq, rq := e.sq.Produced(), e.rq.Produced()
 		if (sq != e.sq.Consumed() || rq != e.rq.Consumed()) && !e.handOff.Load() && r.take() {
+			busyUntil = time.Now().Add(ringSpin)
 			continue
 		}
+		if !busyUntil.IsZero() && time.Now().Before(busyUntil) && !r.stopped.Load() {
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			continue
+		}
+		busyUntil = time.Time{}
 		// Nothing to take, or nothing the QP takes now (back-pressure:
 		// Completed wakes the loop when completions make room), or
 		// the session's: sleep, unless a post raced in.
@@ -211,6 +220,11 @@ func (r *ringLoop) run() {
 		r.asleep.Store(false)
 	}
 }
+
+// ringSpin is how long a ring loop that took work keeps looking before it
+// sleeps: a client that posts in bursts (a bandwidth test, a storage
+// target's queue) finds it awake and rings no doorbell.
+const ringSpin = 20 * time.Microsecond
 
 // take moves what it can from the rings into the QP, receives first, and
 // reports progress; what needs an event goes to the session.

@@ -63,6 +63,9 @@ type kernelConn struct {
 	// readable; made once, as a call per look would allocate.
 	fionread func(fd uintptr)
 	waiting  int
+	// pollMisses counts the polling runs in a row that found nothing
+	// (poll); the receive goroutine's.
+	pollMisses uint
 }
 
 // ioBufs are the connections' receive and transmit buffers: a connection
@@ -217,19 +220,39 @@ func (kc *kernelConn) read() (bp *[]byte, n int, err error) {
 
 // poll runs the QP's Poll hook while nothing more has arrived, for at most
 // PollFor, yielding the processor between looks (see QPAttr.Poll).
+//
+// It adapts: every run that finds nothing halves the next one's time, down
+// to a single look, and a run that finds work restores PollFor. A peer
+// that only streams to us (nobody answers) costs one look per read, not
+// PollFor of a processor two applications may be sharing.
 func (kc *kernelConn) poll(q *QP) {
 	d := q.attr.PollFor
 	if d == 0 {
 		d = DefaultPollFor
 	}
-	deadline := time.Now().Add(d)
-	for !q.attr.Poll() && !kc.readable() && time.Now().Before(deadline) {
-		_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+	d >>= kc.pollMisses
+	found := q.attr.Poll()
+	if !found && d >= minPoll {
+		deadline := time.Now().Add(d)
+		for !found && !kc.readable() && time.Now().Before(deadline) {
+			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			found = q.attr.Poll()
+		}
+	}
+	switch {
+	case found:
+		kc.pollMisses = 0
+	case kc.pollMisses < 16:
+		kc.pollMisses++
 	}
 	if q.attr.PollDone != nil {
 		q.attr.PollDone()
 	}
 }
+
+// minPoll is the shortest polling run worth a look at the socket and a
+// yield; below it a run is one look at the consumer's work.
+const minPoll = 2 * time.Microsecond
 
 // readable reports whether the socket has octets waiting.
 func (kc *kernelConn) readable() bool {

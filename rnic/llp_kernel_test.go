@@ -162,3 +162,25 @@ func TestKernelPeerThatStopsReading(t *testing.T) {
 		t.Fatal("Destroy waits for a transmit goroutine blocked on the peer")
 	}
 }
+
+// Posts between BeginPosts and EndPosts go to the wire together, at
+// EndPosts: none is sent (so none completes) before it, all are after.
+func TestKernelBatchOfPostsSentAtEndPosts(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	defer s.Destroy()
+	defer c.Destroy()
+	dst, src := srv.mr(4096, qp.RemoteWrite|qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
+	c.BeginPosts()
+	for i := range 16 {
+		must(t, c.PostSend(&qp.SendWR{ID: uint64(i), Op: qp.OpWrite, Flags: qp.Signaled,
+			SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 64}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
+	}
+	if n := cli.scq.Len(); n != 0 {
+		t.Fatalf("%d posts of the batch went out before EndPosts", n)
+	}
+	c.EndPosts()
+	if n := cli.scq.Len(); n != 16 {
+		t.Fatalf("%d of 16 posts went out at EndPosts", n)
+	}
+}

@@ -135,6 +135,10 @@ type QP struct {
 	// abort: the consumer disconnected abortively, or the peer did not
 	// answer our FIN; the connection is reset.
 	abort bool
+	// batch counts BeginPosts not yet ended; batchKick: a post in the
+	// batch waits for EndPosts to be sent.
+	batch     int
+	batchKick bool
 	// closeTimer, if set, replaces the closeTimeout timer that attach
 	// starts at our FIN (the engine fuzz harness runs it on its clock).
 	closeTimer func(fire func())
@@ -297,11 +301,39 @@ func (q *QP) PostSend(wr *qp.SendWR) error {
 	q.mu.Lock()
 	err := q.eng.PostSend(wr)
 	c := q.conn
+	held := q.batch > 0
+	if held && err == nil {
+		q.batchKick = true
+	}
 	q.unlock()
-	if err == nil && c != nil {
+	if err == nil && c != nil && !held {
 		c.kick()
 	}
 	return err
+}
+
+// BeginPosts and EndPosts bracket a batch of posts: what the batch posted
+// is sent once, at EndPosts (on the kernel datapath one sendmsg for the
+// batch, not one per post). Batches may nest.
+func (q *QP) BeginPosts() {
+	q.mu.Lock()
+	q.batch++
+	q.unlock()
+}
+
+// EndPosts ends a batch BeginPosts began.
+func (q *QP) EndPosts() {
+	q.mu.Lock()
+	q.batch--
+	kick := q.batch == 0 && q.batchKick
+	if kick {
+		q.batchKick = false
+	}
+	c := q.conn
+	q.unlock()
+	if kick && c != nil {
+		c.kick()
+	}
 }
 
 // PostRecv posts a receive work request; it may be posted before the QP is
