@@ -9,7 +9,8 @@
 #   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
 #   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
 #   make bench     one run on two namespaces: kernel TCP and iperf3 beside softrnic,
-#                  table, bench/results.json, bench/*.png (MTU=, CRC=)
+#                  table, bench/results.json, bench/*.png, issue 15's targets against
+#                  an old build alternated with this one (MTU=, CRC=, BASELINE=git ref)
 #   make microbench Go benchmarks: codecs, engine over loopback, daemon + client,
 #                   header checksums, the TCP engine (segments/s, bytes per idle connection)
 

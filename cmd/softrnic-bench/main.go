@@ -2,13 +2,16 @@
 // topology that measures the kernel-TCP baseline (our own stream and
 // ping-pong, and iperf3 beside them) and softrnic on every datapath that
 // exists, and reports each softrnic figure as a ratio to the baseline of the
-// same run: a table, bench/results.json and PNG plots.
+// same run: a table, bench/results.json and PNG plots. With --baseline it
+// also measures an old build against this one, alternating them (see
+// alternate.go), for issue 15's targets.
 //
 //	softrnic-bench --bin DIR [--out bench] [--mtu 1500] [--crc=true] [--seconds 1]
+//	               [--baseline OLDDIR --baseline-ref REF] [--rounds 3]
 //
-// DIR holds softrnicd and softrnic-perf. Run as root. The helper modes
-// tcp-server, tcp-stream and tcp-ping are the baseline's two ends; the
-// command runs itself in each namespace for them.
+// DIR holds softrnicd and softrnic-perf, and OLDDIR the old build's. Run
+// as root. The helper modes tcp-server, tcp-stream and tcp-ping are the
+// baseline's two ends; the command runs itself in each namespace for them.
 package main
 
 import (
@@ -21,7 +24,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,12 +48,18 @@ func main() {
 	mtu := flag.Int("mtu", 1500, "MTU of the veth pair (native XDP on veth accepts at most 3506)")
 	crc := flag.Bool("crc", true, "MPA CRC on")
 	seconds := flag.Float64("seconds", 1, "seconds per bandwidth point")
+	baseline := flag.String("baseline", "", "directory with the old build's softrnicd and softrnic-perf, alternated with --bin's")
+	ref := flag.String("baseline-ref", "", "the git ref the old build is of, for the output; with no --baseline, that it could not be built")
+	// Three rounds, not two: the median of three is a round's figure
+	// and ignores one outlying round, where that of two is their mean.
+	rounds := flag.Int("rounds", 3, "rounds of the alternation: each build is measured once a round")
 	flag.Parse()
 	if *bin == "" {
-		fmt.Fprintln(os.Stderr, "usage: softrnic-bench --bin DIR [--out DIR] [--mtu N] [--crc=BOOL] [--seconds S]")
+		fmt.Fprintln(os.Stderr, "usage: softrnic-bench --bin DIR [--out DIR] [--mtu N] [--crc=BOOL] [--seconds S] [--baseline DIR --baseline-ref REF] [--rounds N]")
 		os.Exit(2)
 	}
-	exit(run(*bin, *out, *mtu, *crc, *seconds))
+	b := &bench{bin: *bin, crc: *crc, seconds: *seconds, port: 18600}
+	exit(b.run(*out, *mtu, baselineOpts{dir: *baseline, ref: *ref, rounds: *rounds}))
 }
 
 func exit(err error) {
@@ -100,6 +108,9 @@ type Results struct {
 	// this one, with no protocol: the ceiling the xdp datapath's
 	// figures are read against. Nil when it could not be measured.
 	Bare *Bare `json:"bare_af_xdp,omitempty"`
+	// Alternation is the old build against this one, for issue 15's
+	// targets 3 and 4.
+	Alternation *Alternation `json:"alternation"`
 }
 
 // Bare holds the xsk package's benchmarks of bare AF_XDP (MTU 1500):
@@ -124,13 +135,22 @@ type Softrnc struct {
 
 type bench struct {
 	net     *topology.Pair
-	bin     string
+	bin     string // this tree's build
 	self    string
 	crc     bool
 	seconds float64
+	port    int // the last softrnic-perf port taken
 }
 
-func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
+// baselineOpts is the old build the alternation measures this one
+// against: its directory (empty if none was given or it could not be
+// built), its git ref, and the rounds.
+type baselineOpts struct {
+	dir, ref string
+	rounds   int
+}
+
+func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -140,9 +160,9 @@ func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
 		return err
 	}
 	defer pair.Close()
-	b := &bench{net: pair, bin: bin, self: self, crc: crc, seconds: seconds}
-	res := Results{When: time.Now().UTC(), MTU: mtu, CRC: crc, Datapaths: map[string]Softrnc{}}
-	fmt.Printf("== two hosts over veth, MTU %d, offloads off, CRC %v\n", mtu, crc)
+	b.net, b.self = pair, self
+	res := Results{When: time.Now().UTC(), MTU: mtu, CRC: b.crc, Datapaths: map[string]Softrnc{}}
+	fmt.Printf("== two hosts over veth, MTU %d, offloads off, CRC %v\n", mtu, b.crc)
 
 	fmt.Println("== kernel TCP baseline")
 	if res.IperfGbps, err = b.iperf(); err != nil {
@@ -179,14 +199,19 @@ func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
 		res.Datapaths[dp] = k
 	}
 
-	if res.Bare, err = bare(bin); err != nil {
+	res.Alternation = b.alternate(base.dir, base.ref, base.rounds)
+
+	if res.Bare, err = bare(b.bin); err != nil {
 		fmt.Println("   bare AF_XDP:", err)
 	}
 
 	if err := os.MkdirAll(outDir, 0o755); err != nil {
 		return err
 	}
-	j, _ := json.MarshalIndent(res, "", "  ")
+	j, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(outDir, "results.json"), j, 0o644); err != nil {
 		return err
 	}
@@ -194,6 +219,7 @@ func run(bin, outDir string, mtu int, crc bool, seconds float64) error {
 		return err
 	}
 	table(&res)
+	issue15(&res)
 	fmt.Printf("\nresults: %s, plots: %s\n", filepath.Join(outDir, "results.json"), filepath.Join(outDir, "*.png"))
 	return nil
 }
@@ -333,89 +359,22 @@ func (b *bench) offloadsOn(mtu int) (float64, error) {
 	return p.Gbps, nil
 }
 
-// softrnic runs softrnic-perf between daemons of the datapath in the two
-// namespaces.
+// softrnic measures the datapath with this tree's build: every bandwidth
+// point of the three tests, then the two round trips.
 func (b *bench) softrnic(datapath string) (Softrnc, error) {
 	var k Softrnc
-	dir, err := os.MkdirTemp("", "softrnic-bench")
+	r, err := b.startRig(b.bin, datapath)
 	if err != nil {
 		return k, err
 	}
-	defer os.RemoveAll(dir)
-	var daemons []*exec.Cmd
-	defer func() {
-		for _, d := range daemons {
-			_ = d.Process.Kill()
-			_ = d.Wait()
-		}
-	}()
-	sock := map[string]string{"a": filepath.Join(dir, "a.sock"), "b": filepath.Join(dir, "b.sock")}
-	for _, h := range []struct {
-		host topology.Host
-		key  string
-		cpu  string
-	}{{b.net.A, "a", "0"}, {b.net.B, "b", strconv.Itoa(min(1, runtime.NumCPU()-1))}} {
-		// One poller per host, each on its own CPU (the xdp datapath;
-		// the kernel datapath has no pollers), as the design asks: on
-		// two cores it gives more bandwidth than both hosts' pollers
-		// sharing CPU 0, for a few microseconds more small-message
-		// round trip (figures in the commit that chose it).
-		d := h.host.Command(filepath.Join(b.bin, "softrnicd"), "--iface", h.host.Link, "--socket", sock[h.key], "--log-level", "warn",
-			"--datapath", datapath, "--cpus", h.cpu)
-		d.Stderr = os.Stderr
-		if err := d.Start(); err != nil {
-			return k, err
-		}
-		daemons = append(daemons, d)
-		if err := waitSocket(sock[h.key], 2*time.Second); err != nil {
-			return k, err
-		}
-	}
-	daemonCPU := func() (float64, float64) { return procCPU(daemons[0].Process.Pid), procCPU(daemons[1].Process.Pid) }
-	port := 18600
-	perf := func(test string, size int, extra ...string) (map[string]any, float64, float64, error) {
-		port++
-		args := []string{test, "-s", strconv.Itoa(size), "-p", strconv.Itoa(port), "--timeout", "60s"}
-		if !b.crc {
-			args = append(args, "--no-crc")
-		}
-		a0, b0 := daemonCPU()
-		srv, out, err := b.start(b.net.B, filepath.Join(b.bin, "softrnic-perf"), slices.Concat(args, []string{"--socket", sock["b"]})...)
-		if err != nil {
-			return nil, 0, 0, err
-		}
-		defer srv.Process.Kill()
-		br, err := waitLine(out, "Waiting for client")
-		if err != nil {
-			return nil, 0, 0, err
-		}
-		go io.Copy(io.Discard, br)
-		cargs := slices.Concat(args, []string{"--socket", sock["a"], "--json"}, extra, []string{b.net.B.Addr.Addr().String()})
-		cli := b.net.A.Command(filepath.Join(b.bin, "softrnic-perf"), cargs...)
-		cli.Stderr = os.Stderr
-		res, err := cli.Output()
-		if err != nil {
-			return nil, 0, 0, fmt.Errorf("softrnic-perf %s -s %d: %v", test, size, err)
-		}
-		_ = srv.Wait()
-		a1, b1 := daemonCPU()
-		var rs []map[string]any
-		if err := json.Unmarshal(res, &rs); err != nil || len(rs) != 1 {
-			return nil, 0, 0, fmt.Errorf("softrnic-perf output: %v", err)
-		}
-		return rs[0], cpu(cli) + a1 - a0, cpu(srv) + b1 - b0, nil
-	}
+	defer r.Close()
 	bw := func(test string) ([]Point, error) {
 		var pts []Point
 		for _, s := range sizes {
-			r, ca, cb, err := perf(test, s, "-D", fmt.Sprintf("%gs", b.seconds))
+			p, err := r.bw(test, s)
 			if err != nil {
 				return nil, err
 			}
-			avg := r["bw_avg_MBps"].(float64)
-			n := int(r["iterations"].(float64))
-			gb := float64(n) * float64(s) / 1e9
-			p := Point{Size: s, Gbps: avg * 8 / 1e3, Mpps: num(r["msg_rate_Mpps"]), Samples: n, CPUA: ca / gb, CPUB: cb / gb}
 			fmt.Printf("   %-8s %7d B: %6.2f Gbit/s\n", test, s, p.Gbps)
 			pts = append(pts, p)
 		}
@@ -432,11 +391,10 @@ func (b *bench) softrnic(datapath string) (Softrnc, error) {
 	}
 	k.Rate64 = k.Write[0].Mpps
 	lat := func(test string) (Latency, error) {
-		r, _, _, err := perf(test, 8, "-n", "3000")
+		l, err := r.lat(test)
 		if err != nil {
-			return Latency{}, err
+			return l, err
 		}
-		l := Latency{Median: num(r["t_typical_us"]), P99: num(r["p99_us"]), P999: num(r["p99_9_us"])}
 		fmt.Printf("   %-9s 8 B: median %.1f µs, p99 %.1f µs, p99.9 %.1f µs\n", test, l.Median, l.P99, l.P999)
 		return l, nil
 	}
@@ -479,12 +437,6 @@ func table(r *Results) {
 	k, x := r.Datapaths["kernel"], r.Datapaths["xdp"]
 	i64k := slices.Index(sizes, 65536)
 	fmt.Printf("\n== issue 7 targets (one run, same veth pair)\n")
-	verdict := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "NOT met"
-	}
 	w := x.Write[i64k].Gbps / r.KernelTCP[i64k].Gbps
 	fmt.Printf("xdp Write 64 KiB / kernel TCP offloads off:  %.2fx (target >= 2x): %s\n", w, verdict(w >= 2))
 	fmt.Printf("xdp Write 64 KiB / kernel TCP offloads on:   %.2fx (on the way to 1x)\n", x.Write[i64k].Gbps/r.KernelTCPOffloads64K)
@@ -501,6 +453,13 @@ func table(r *Results) {
 		fmt.Printf("   bare ping-pong / TCP ping-pong: %.2fx, with no application and no RNIC on either end\n",
 			b.PingPong/r.KernelTCPLat.Median)
 	}
+}
+
+func verdict(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
 }
 
 // bare runs the xsk package's bare AF_XDP benchmarks from the test binary
@@ -547,11 +506,12 @@ func bare(bin string) (*Bare, error) {
 func tableOf(r *Results, dp string) {
 	k := r.Datapaths[dp]
 	fmt.Printf("\n== softrnic %s datapath (MTU %d, CRC %v; ratios to kernel TCP in the same run)\n", dp, r.MTU, r.CRC)
-	fmt.Printf("%-8s | %-16s | %-22s | %-22s | %-22s | %s\n", "size", "kernel TCP Gb/s", "Write Gb/s (ratio)", "Read Gb/s (ratio)", "Send Gb/s (ratio)", "CPU s/GB A/B (Write)")
+	fmt.Printf("%-8s | %-16s | %-22s | %-22s | %-22s | %-20s | %s\n", "size", "kernel TCP Gb/s", "Write Gb/s (ratio)", "Read Gb/s (ratio)",
+		"Send Gb/s (ratio)", "CPU s/GB A/B (Write)", "kernel TCP CPU s/GB A/B")
 	for i, s := range sizes {
-		fmt.Printf("%-8d | %-16.2f | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %.2f / %.2f\n", s,
+		fmt.Printf("%-8d | %-16.2f | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %6.2f (%5.2fx)        | %-20s | %.2f / %.2f\n", s,
 			r.KernelTCP[i].Gbps, k.Write[i].Gbps, k.Write[i].Ratio, k.Read[i].Gbps, k.Read[i].Ratio, k.Send[i].Gbps, k.Send[i].Ratio,
-			k.Write[i].CPUA, k.Write[i].CPUB)
+			fmt.Sprintf("%.2f / %.2f", k.Write[i].CPUA, k.Write[i].CPUB), r.KernelTCP[i].CPUA, r.KernelTCP[i].CPUB)
 	}
 	fmt.Printf("iperf3 single stream: %.2f Gb/s; kernel TCP 64 KiB with offloads on: %.2f Gb/s\n", r.IperfGbps, r.KernelTCPOffloads64K)
 	fmt.Printf("kernel TCP 1-byte ping-pong: median %.1f µs p99 %.1f µs p99.9 %.1f µs\n", r.KernelTCPLat.Median, r.KernelTCPLat.P99, r.KernelTCPLat.P999)
