@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync/atomic"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
@@ -58,6 +59,14 @@ func (s *session) handOff(o any) {
 	s.handed = append(s.handed, o)
 	s.evMu.Unlock()
 	s.kick()
+}
+
+// handOver hands o to the session unless it holds it already (flag is
+// o's handOff).
+func (s *session) handOver(flag *atomic.Bool, o any) {
+	if !flag.Swap(true) {
+		s.handOff(o)
+	}
 }
 
 // step does one round of work and reports whether there was any. It

@@ -61,8 +61,8 @@ func (s *session) drain(e *ep, take func(*ep, bool) (progress, left bool)) bool 
 	e.ringMu.Lock()
 	defer e.ringMu.Unlock()
 	progress, left := take(e, true)
-	if left && !e.handOff.Swap(true) {
-		s.handOff(e)
+	if left {
+		s.handOver(&e.handOff, e)
 	}
 	return progress
 }
@@ -321,9 +321,7 @@ func (s *session) emit(e *evd, eve shm.EVE) {
 		}
 	}
 	e.backlog = append(e.backlog, eve)
-	if !e.handOff.Swap(true) {
-		s.handOff(e)
-	}
+	s.handOver(&e.handOff, e)
 }
 
 // unlockRing releases the ring lock the session took, and forwards what a

@@ -72,17 +72,25 @@ func (r *ringSource) Poll() bool {
 	r.seenSQ, r.seenRQ = sq, rq
 	// Back-pressure leaves requests for completions to make room, which
 	// this loop makes: it retries on every turn.
-	progress, left := r.s.takeRQ(e, false)
+	progress, _ := r.s.takeRings(e)
+	return progress
+}
+
+// takeRings moves what it can from e's rings into its QP, receives first,
+// with e.ringMu held, which it releases; what needs an event (left) goes
+// to the session.
+func (s *session) takeRings(e *ep) (progress, left bool) {
+	progress, left = s.takeRQ(e, false)
 	if !left {
 		var sent bool
-		sent, left = r.s.takeSQ(e, false)
+		sent, left = s.takeSQ(e, false)
 		progress = progress || sent
 	}
 	e.ringMu.Unlock()
-	if left && !e.handOff.Swap(true) {
-		r.s.handOff(e)
+	if left {
+		s.handOver(&e.handOff, e)
 	}
-	return progress
+	return progress, left
 }
 
 func (r *ringSource) Sleeping() bool {
@@ -136,7 +144,7 @@ func (r *evdSource) Poll() bool {
 		_ = shm.Signal(e.notify)
 	}
 	if full || err != nil {
-		r.s.handOff(e)
+		r.s.handOff(e) // handOff is set above, under the ring lock
 	}
 	return moved
 }
@@ -229,18 +237,8 @@ const ringSpin = 20 * time.Microsecond
 // take moves what it can from the rings into the QP, receives first, and
 // reports progress; what needs an event goes to the session.
 func (r *ringLoop) take() bool {
-	e := r.e
-	e.ringMu.Lock()
-	progress, left := r.s.takeRQ(e, false)
-	if !left {
-		var sent bool
-		sent, left = r.s.takeSQ(e, false)
-		progress = progress || sent
-	}
-	e.ringMu.Unlock()
-	if left && !e.handOff.Swap(true) {
-		r.s.handOff(e)
-	}
+	r.e.ringMu.Lock()
+	progress, left := r.s.takeRings(r.e)
 	return progress && !left
 }
 
@@ -342,13 +340,12 @@ func (e *evd) pump(s *session) {
 		} else {
 			moved, full, err = e.forwardLocked(s.epOf)
 		}
-		hand := (full || err != nil) && !e.handOff.Swap(true)
 		e.ringMu.Unlock()
 		if moved && e.ring.SwapFlags(0) == shm.Armed {
 			_ = shm.Signal(e.notify)
 		}
-		if hand {
-			s.handOff(e)
+		if full || err != nil {
+			s.handOver(&e.handOff, e)
 			return
 		}
 		if !e.again.Load() {

@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -225,16 +226,41 @@ func (cr *ConnRequest) answer() bool {
 // consumer's private data, and q is in RTS. Receives posted on q before
 // Accept catch the peer's first messages.
 func (cr *ConnRequest) Accept(q *QP, private []byte) error {
-	q.mu.Lock()
-	busy := q.busyLocked()
-	q.unlock()
-	if busy {
-		return ErrState
+	if q.dev != cr.l.dev {
+		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
 	}
+	release, err := cr.take(q)
+	if err != nil {
+		return err
+	}
+	defer release()
 	if cr.ec != nil {
 		return cr.acceptEngine(q, private)
 	}
 	return cr.acceptKernel(q, private)
+}
+
+// take answers the request with q: q is taken (accepting) until release,
+// so that no Connect or other Accept uses it while the connection is
+// being given to it, which publishes it as q.conn.
+func (cr *ConnRequest) take(q *QP) (release func(), err error) {
+	q.mu.Lock()
+	if q.busyLocked() {
+		q.unlock()
+		return nil, ErrState
+	}
+	q.accepting = true
+	q.unlock()
+	release = func() {
+		q.mu.Lock()
+		q.accepting = false
+		q.unlock()
+	}
+	if !cr.answer() {
+		release()
+		return nil, ErrAnswered
+	}
+	return release, nil
 }
 
 // Reject refuses the request with the consumer's private data (R bit).

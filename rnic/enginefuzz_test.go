@@ -738,27 +738,15 @@ func (h *efHarness) accept(private []byte) {
 		return
 	}
 	q := h.q
-	q.mu.Lock()
-	if q.busyLocked() {
-		q.unlock()
-		h.acceptErr = ErrState
+	release, err := cr.take(q) // as Accept does
+	if err != nil {
+		h.acceptErr = err
 		return
 	}
-	q.accepting = true
-	q.unlock()
-	defer func() {
-		q.mu.Lock()
-		q.accepting = false
-		q.unlock()
-	}()
-	if !cr.answer() {
-		h.acceptErr = ErrAnswered
-		return
-	}
+	defer release()
 	cfg := q.mpaConfig(private)
 	ec := cr.ec
 	c := h.stack.Lookup(ec.id)
-	var err error
 	switch {
 	case c == nil:
 		err = xdpnet.ErrGone

@@ -432,29 +432,11 @@ func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
 
 // acceptEngine connects q to a passive connection of the accelerated
 // datapath, moving it from the poller whose queue it came in on to q's.
+// Accept has taken q (ConnRequest.take): q.conn is published only once the
+// connection is on the QP's poller, so that no kick reaches the poller the
+// connection is leaving.
 func (cr *ConnRequest) acceptEngine(q *QP, private []byte) error {
 	ec := cr.ec
-	if q.dev != cr.l.dev {
-		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
-	}
-	q.mu.Lock()
-	if q.busyLocked() { // Accept looked before unlocking
-		q.unlock()
-		return ErrState
-	}
-	// The QP is taken, but q.conn is published only once the connection
-	// is on the QP's poller: until then no kick may reach the poller the
-	// connection is leaving.
-	q.accepting = true
-	q.unlock()
-	defer func() {
-		q.mu.Lock()
-		q.accepting = false
-		q.unlock()
-	}()
-	if !cr.answer() {
-		return ErrAnswered
-	}
 	cfg := q.mpaConfig(private)
 	var err error
 	// Seed 004: the QP runs on its CQ's poller, so the connection moves

@@ -673,26 +673,8 @@ func (l *Listener) closeKernel() {
 // acceptKernel connects q to a passive connection of the kernel datapath:
 // the MPA Reply goes out from here, and the receive goroutine, which held
 // the initiator's first FPDUs in the socket until now, feeds q.
+// Accept has taken q (ConnRequest.take).
 func (cr *ConnRequest) acceptKernel(q *QP, private []byte) error {
-	if q.dev != cr.l.dev {
-		return fmt.Errorf("accept: QP of another device: %w", ErrInvalidParam)
-	}
-	q.mu.Lock()
-	if q.busyLocked() { // Accept looked before unlocking
-		q.unlock()
-		return ErrState
-	}
-	// The QP is taken; conn is published once the Reply is built.
-	q.accepting = true
-	q.unlock()
-	defer func() {
-		q.mu.Lock()
-		q.accepting = false
-		q.unlock()
-	}()
-	if !cr.answer() {
-		return ErrAnswered
-	}
 	kc := cr.kc
 	kc.mu.Lock()
 	q.mu.Lock()
