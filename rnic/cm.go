@@ -48,10 +48,20 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	if busy {
 		return nil, ErrState
 	}
-	if q.dev.xdp != nil {
-		return q.connectEngine(ctx, raddr, opts)
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultMPATimeout
 	}
-	return q.connectKernel(ctx, raddr, opts)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cfg := q.mpaConfig(opts.PrivateData)
+	if _, err := cfg.Request(); err != nil {
+		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
+	}
+	if q.dev.xdp != nil {
+		return q.connectEngine(ctx, raddr, cfg, timeout)
+	}
+	return q.connectKernel(ctx, raddr, cfg, opts.Dialer)
 }
 
 func clone(b []byte) []byte {

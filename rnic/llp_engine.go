@@ -262,21 +262,11 @@ func (ec *engineConn) serve() {
 
 // connectEngine is Connect on the accelerated datapath: the TCP engine of
 // the QP's poller opens the connection and MPA startup runs in its
-// callbacks.
-func (q *QP) connectEngine(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
+// callbacks; ctx carries Connect's deadline, timeout.
+func (q *QP) connectEngine(ctx context.Context, raddr string, cfg mpa.Config, timeout time.Duration) ([]byte, error) {
 	ap, err := netip.ParseAddrPort(raddr)
 	if err != nil || !ap.Addr().Is4() {
 		return nil, fmt.Errorf("connect %s: want IPv4 host:port: %w", raddr, ErrInvalidParam)
-	}
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultMPATimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cfg := q.mpaConfig(opts.PrivateData)
-	if _, err := cfg.Request(); err != nil {
-		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
 	}
 	p := q.Poller()
 	q.mu.Lock()

@@ -475,19 +475,9 @@ func (kc *kernelConn) release(abort bool) {
 }
 
 // connectKernel is Connect on the kernel datapath: a TCP connection, then
-// MPA startup on the connection's receive goroutine.
-func (q *QP) connectKernel(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultMPATimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cfg := q.mpaConfig(opts.PrivateData)
-	if _, err := cfg.Request(); err != nil {
-		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
-	}
-	d := opts.Dialer
+// MPA startup on the connection's receive goroutine; ctx carries Connect's
+// deadline.
+func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d *net.Dialer) ([]byte, error) {
 	if d == nil {
 		d = &net.Dialer{}
 	}
