@@ -179,8 +179,7 @@ func (s *session) takeQueuedRecvs(e *ep, polled bool) {
 	_, left := s.takeRQ(e, false)
 	e.ringMu.Unlock()
 	if left {
-		e.handOff.Store(true)
-		s.kick()
+		s.handOver(&e.handOff, e)
 	}
 }
 

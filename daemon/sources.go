@@ -218,7 +218,10 @@ func (r *ringLoop) run() {
 		r.asleep.Store(true)
 		e.sq.SetFlags(shm.NeedWakeup)
 		e.rq.SetFlags(shm.NeedWakeup)
-		if e.sq.Produced() == sq && e.rq.Produced() == rq {
+		// Requests left for want of room are tried once more now that
+		// asleep is up: completions that made room before it was could
+		// not wake the loop (completed), and nothing else would.
+		if e.sq.Produced() == sq && e.rq.Produced() == rq && !r.retryLeft() {
 			if err := shm.Wait(r.db); err != nil {
 				return // stop closed the doorbell
 			}
@@ -233,6 +236,13 @@ func (r *ringLoop) run() {
 // sleeps: a client that posts in bursts (a bandwidth test, a storage
 // target's queue) finds it awake and rings no doorbell.
 const ringSpin = 20 * time.Microsecond
+
+// retryLeft takes requests left in the rings, if any, and reports progress.
+func (r *ringLoop) retryLeft() bool {
+	e := r.e
+	pending := e.sq.Produced() != e.sq.Consumed() || e.rq.Produced() != e.rq.Consumed()
+	return pending && !e.handOff.Load() && r.take()
+}
 
 // take moves what it can from the rings into the QP, receives first, and
 // reports progress; what needs an event goes to the session.
@@ -304,13 +314,13 @@ func (r *ringLoop) stop() {
 // completed is the Completed hook of an EP's QP on the kernel datapath,
 // run by the goroutine that made completions once it released the QP: it
 // forwards them to the EVDs' rings, and wakes the ring loop if requests
-// wait in the send ring for room the completions made.
+// wait in the rings for room the completions made.
 func (s *session) completed(e *ep, recv, req *evd) {
 	req.pump(s)
 	if recv != req {
 		recv.pump(s)
 	}
-	if r := e.loop; r != nil && e.sq.Produced() != e.sq.Consumed() {
+	if r := e.loop; r != nil && (e.sq.Produced() != e.sq.Consumed() || e.rq.Produced() != e.rq.Consumed()) {
 		r.wake()
 	}
 }
@@ -348,8 +358,7 @@ func (e *evd) pump(s *session) {
 			s.handOver(&e.handOff, e)
 			return
 		}
-		if !e.again.Load() {
-			return
-		}
+		// Round again while a pump left completions to this one, or
+		// more than a batch waits (the loop's top returns once none).
 	}
 }
