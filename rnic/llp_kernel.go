@@ -82,6 +82,7 @@ func newKernelConn(nc *net.TCPConn, llp *mpaConn) (*kernelConn, error) {
 	if err != nil {
 		return nil, err
 	}
+	llp.WroteLater = true // a request completes once the socket took it
 	kc := &kernelConn{nc: nc, rc: rc, llp: llp, mss: mss}
 	kc.fionread = func(fd uintptr) { kc.waiting, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }
 	return kc, nil
@@ -365,6 +366,7 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 				kc.writeFailed(err)
 				break
 			}
+			kc.wrote(len(rest))
 			rest = nil
 		}
 		q := kc.lock()
@@ -404,6 +406,7 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			kc.writeFailed(err)
 			break
 		}
+		kc.wrote(w)
 		if w < n {
 			// The socket is full: a transmit goroutine waits for room.
 			kc.loops.Add(1)
@@ -415,6 +418,18 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 		}
 	}
 	ioBufs.Put(bp)
+}
+
+// wrote tells the MPA layer the socket took n octets: the requests they
+// carry complete now, not before (a consumer that sees its last Send
+// complete and exits must not reset it out of our buffer).
+func (kc *kernelConn) wrote(n int) {
+	if n == 0 {
+		return
+	}
+	q := kc.lock()
+	kc.llp.Wrote(kc, n)
+	kc.unlock(q)
 }
 
 // writeNow writes what the socket takes at once.

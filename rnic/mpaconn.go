@@ -73,6 +73,12 @@ type mpaConn struct {
 	waiting    bool
 	closeAfter bool
 	closing    bool
+	// WroteLater: the stream reports with Wrote which octets of those
+	// Fill gave it took (a kernel socket, which may take part of them
+	// later or never); otherwise they are taken when Fill returns (the
+	// TCP engine's send buffer). unwritten: given, not yet taken.
+	WroteLater bool
+	unwritten  int
 }
 
 // newMPAConn prepares q to run over a TCP connection as MPA initiator
@@ -230,21 +236,42 @@ func (e *mpaConn) Fill(c stream, dst []byte) int {
 		return 0
 	}
 	n := e.qp.Transmit(dst)
-	if n > 0 {
+	switch {
+	case e.WroteLater:
+		e.unwritten += n
+	case n > 0:
 		// Octets in the TCP send buffer belong to the LLP from here on.
 		e.sent += uint64(n)
 		e.qp.Sent(e.sent)
 	}
-	// Ended (after a Terminate or the peer's FIN) or a graceful
-	// disconnect with nothing left: our FIN.
-	if (n == 0 && e.qp.Ended()) || e.qp.Drained() {
+	e.closeIfDone(c, n)
+	return n
+}
+
+// Wrote tells a WroteLater MPA layer that the stream took n more octets
+// of what Fill gave; the QP's requests complete as their octets are taken.
+func (e *mpaConn) Wrote(c stream, n int) {
+	n = min(n, e.unwritten)
+	if n == 0 {
+		return
+	}
+	e.unwritten -= n
+	e.sent += uint64(n)
+	e.qp.Sent(e.sent)
+	e.closeIfDone(c, n)
+}
+
+// closeIfDone sends our FIN once the QP ended (after a Terminate or the
+// peer's FIN) with nothing more to send (Fill gave n octets), or a graceful
+// disconnect has sent everything.
+func (e *mpaConn) closeIfDone(c stream, n int) {
+	if (n == 0 && e.qp.Ended() && e.unwritten == 0) || e.qp.Drained() {
 		c.Close()
 		if e.OnClose != nil && !e.closing {
 			e.closing = true
 			e.OnClose()
 		}
 	}
-	return n
 }
 
 // Event follows the TCP connection.
