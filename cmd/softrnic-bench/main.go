@@ -319,7 +319,8 @@ func (b *bench) tcpStream(size int) (Point, error) {
 }
 
 func (b *bench) tcpPingPong() (Latency, error) {
-	srv, out, err := b.start(b.net.B, b.self, "tcp-server", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"))
+	name, args := pinApp(true, b.self, "tcp-server", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"))
+	srv, out, err := b.start(b.net.B, name, args...)
 	if err != nil {
 		return Latency{}, err
 	}
@@ -329,7 +330,8 @@ func (b *bench) tcpPingPong() (Latency, error) {
 		return Latency{}, err
 	}
 	go io.Copy(io.Discard, br)
-	res, err := b.net.A.Command(b.self, "tcp-ping", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"), "5000").Output()
+	name, args = pinApp(true, b.self, "tcp-ping", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"), "5000")
+	res, err := b.net.A.Command(name, args...).Output()
 	if err != nil {
 		return Latency{}, fmt.Errorf("tcp-ping: %v", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/softrnic/softrnic/internal/topology"
@@ -89,7 +90,9 @@ func (r *rig) perf(test string, size int, extra ...string) (map[string]any, floa
 	}
 	perfBin := filepath.Join(r.bin, "softrnic-perf")
 	a0, b0 := r.daemonCPU()
-	srv, out, err := r.b.start(r.b.net.B, perfBin, slices.Concat(args, []string{"--socket", r.sock["b"]})...)
+	lat := strings.HasSuffix(test, "_lat")
+	name, sargs := pinApp(lat, perfBin, slices.Concat(args, []string{"--socket", r.sock["b"]})...)
+	srv, out, err := r.b.start(r.b.net.B, name, sargs...)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -100,7 +103,8 @@ func (r *rig) perf(test string, size int, extra ...string) (map[string]any, floa
 	}
 	go io.Copy(io.Discard, br)
 	cargs := slices.Concat(args, []string{"--socket", r.sock["a"], "--json"}, extra, []string{r.b.net.B.Addr.Addr().String()})
-	cli := r.b.net.A.Command(perfBin, cargs...)
+	name, cargs = pinApp(lat, perfBin, cargs...)
+	cli := r.b.net.A.Command(name, cargs...)
 	cli.Stderr = os.Stderr
 	res, err := cli.Output()
 	if err != nil {
@@ -140,4 +144,22 @@ func (r *rig) lat(test string) (Latency, error) {
 		return Latency{}, err
 	}
 	return Latency{Median: num(res["t_typical_us"]), P99: num(res["p99_us"]), P999: num(res["p99_9_us"])}, nil
+}
+
+// pinApp runs the two ends of a latency test (softrnic-perf's, and kernel
+// TCP's ping-pong) on one CPU, CPU 0, when pin. Both ends of softrnic's
+// latency tests poll (memory, an event ring); on two cores, two pollers
+// on different cores leave the RNIC's threads no free core when a message
+// arrives, and each of its round trips waits for a scheduler switch:
+// measured unpinned, 8 B Write round trips are bimodal on both datapaths
+// and both builds (xdp 14 or 72 us, kernel 21 or 26-90), and which mode
+// a run gets decides any target. With both applications on one core they
+// yield to each other and the other core is the RNIC's and the kernel's,
+// as each host's would be on two machines. Kernel TCP's ping-pong runs
+// the same way, for like with like (it is 10-11 us so, 9-9.5 unpinned).
+func pinApp(pin bool, name string, args ...string) (string, []string) {
+	if !pin || runtime.NumCPU() < 2 {
+		return name, args
+	}
+	return "taskset", slices.Concat([]string{"-c", "0", name}, args)
 }
