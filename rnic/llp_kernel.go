@@ -234,9 +234,24 @@ func (kc *kernelConn) poll(q *QP) {
 	d >>= kc.pollMisses
 	found := q.attr.Poll()
 	if !found && d >= minPoll {
-		deadline := time.Now().Add(d)
-		for !found && !kc.readable() && time.Now().Before(deadline) {
-			_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+		start := time.Now()
+		deadline := start.Add(d)
+		// The first microseconds look without yielding: an answer
+		// that comes at once is taken at once, not after a system
+		// call's worth of scheduler; after them each look yields, so
+		// that an application sharing the core gets it.
+		hot := start.Add(min(d, pollHot))
+		for !found {
+			now := time.Now()
+			if now.After(deadline) {
+				break
+			}
+			if now.After(hot) {
+				if kc.readable() {
+					break
+				}
+				_, _, _ = unix.RawSyscall(unix.SYS_SCHED_YIELD, 0, 0, 0)
+			}
 			found = q.attr.Poll()
 		}
 	}
@@ -252,8 +267,12 @@ func (kc *kernelConn) poll(q *QP) {
 }
 
 // minPoll is the shortest polling run worth a look at the socket and a
-// yield; below it a run is one look at the consumer's work.
-const minPoll = 2 * time.Microsecond
+// yield; below it a run is one look at the consumer's work. pollHot is
+// how long a run looks before it starts yielding.
+const (
+	minPoll = 2 * time.Microsecond
+	pollHot = 2 * time.Microsecond
+)
 
 // readable reports whether the socket has octets waiting.
 func (kc *kernelConn) readable() bool {
