@@ -147,7 +147,7 @@ func (r *rig) lat(test string) (Latency, error) {
 }
 
 // pinApp runs the two ends of a latency test (softrnic-perf's, and kernel
-// TCP's ping-pong) on one CPU, CPU 0, when pin. Both ends of softrnic's
+// TCP's ping-pong) on one CPU, the last, when pin. Both ends of softrnic's
 // latency tests poll (memory, an event ring); on two cores, two pollers
 // on different cores leave the RNIC's threads no free core when a message
 // arrives, and each of its round trips waits for a scheduler switch:
@@ -155,11 +155,15 @@ func (r *rig) lat(test string) (Latency, error) {
 // and both builds (xdp 14 or 72 us, kernel 21 or 26-90), and which mode
 // a run gets decides any target. With both applications on one core they
 // yield to each other and the other core is the RNIC's and the kernel's,
-// as each host's would be on two machines. Kernel TCP's ping-pong runs
-// the same way, for like with like (it is 10-11 us so, 9-9.5 unpinned).
+// as each host's would be on two machines. The last CPU rather than the
+// first: the xdp datapath's initiating poller, whose spinning delays the
+// test's own application, is pinned to CPU 0 (on CPU 0, xdp's 8 B Read
+// round trip was 11 or 65 us; on CPU 1, 10-12.5). Kernel TCP's ping-pong
+// runs the same way, for like with like (10-11 us so, 9-9.5 unpinned).
 func pinApp(pin bool, name string, args ...string) (string, []string) {
-	if !pin || runtime.NumCPU() < 2 {
+	n := runtime.NumCPU()
+	if !pin || n < 2 {
 		return name, args
 	}
-	return "taskset", slices.Concat([]string{"-c", "0", name}, args)
+	return "taskset", slices.Concat([]string{"-c", strconv.Itoa(n - 1), name}, args)
 }
