@@ -12,19 +12,7 @@ import (
 // leaves none in the CQ, where nothing would come back for them.
 func TestPumpForwardsMoreThanABatch(t *testing.T) {
 	const n = 5*batch + 3
-	s := &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}
-	mem, err := shm.NewMemfd("evd-test", shm.RingSize(1024, shm.EVESize))
-	must(t, err)
-	defer mem.Close()
-	notify, err := shm.NewEventfd()
-	must(t, err)
-	defer notify.Close()
-	e := &evd{mem: mem, notify: notify}
-	e.ring, _ = shm.NewRing(mem.Mem, 1024, shm.EVESize)
-	e.cq, err = completion.New(completion.Options{Depth: 1024})
-	must(t, err)
-	e.h, err = s.add(e)
-	must(t, err)
+	s, e := newTestEVD(t, 1024, 1024, nil)
 	for i := range n {
 		must(t, e.cq.Push(completion.Completion{ID: uint64(i), Opcode: completion.OpRecv}))
 	}
@@ -32,7 +20,7 @@ func TestPumpForwardsMoreThanABatch(t *testing.T) {
 	if left := e.cq.Len(); left != 0 {
 		t.Fatalf("%d of %d completions left in the CQ", left, n)
 	}
-	client, _ := shm.NewRing(mem.Mem, 1024, shm.EVESize)
+	client, _ := shm.NewRing(e.mem.Mem, 1024, shm.EVESize)
 	for i := range n {
 		slot, err := client.Peek()
 		if err != nil || slot == nil {

@@ -177,22 +177,11 @@ func (f *fakePoller) RemoveSource(xdpnet.Source) error { return nil }
 // armed client; a full ring hands the EVD to the session, which forwards
 // once there is room and then gives it back.
 func TestEVDSource(t *testing.T) {
-	s := &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}
-	mem, err := shm.NewMemfd("evd-test", shm.RingSize(4, shm.EVESize))
-	must(t, err)
-	defer mem.Close()
-	notify, err := shm.NewEventfd()
-	must(t, err)
-	defer notify.Close()
-	e := &evd{mem: mem, notify: notify}
-	e.ring, _ = shm.NewRing(mem.Mem, 4, shm.EVESize)
-	e.cq, err = completion.New(completion.Options{Depth: 16, Handler: func(*completion.CQ) { e.src.pl.Wake() }})
-	must(t, err)
+	s, e := newTestEVD(t, 4, 16, func(e *evd) func(*completion.CQ) { return func(*completion.CQ) { e.src.pl.Wake() } })
+	notify, mem := e.notify, e.mem
 	pl := &fakePoller{}
 	src := &evdSource{s: s, e: e, pl: pl}
 	e.src = src
-	e.h, err = s.add(e)
-	must(t, err)
 	s.owners.Store(uint32(5), uint32(77))
 	client, _ := shm.NewRing(mem.Mem, 4, shm.EVESize)
 	take := func() shm.EVE {
@@ -260,4 +249,28 @@ func TestEVDSource(t *testing.T) {
 	if eve := take(); eve.ID != 14 {
 		t.Fatalf("event %d, want 14", eve.ID)
 	}
+}
+
+// newTestEVD is a session with one DTO EVD of entries ring slots and a CQ
+// of depth, whose CQ handler handler makes (nil: none).
+func newTestEVD(t *testing.T, entries uint32, depth int, handler func(*evd) func(*completion.CQ)) (*session, *evd) {
+	t.Helper()
+	s := &session{objects: map[uint32]any{}, wake: make(chan struct{}, 1)}
+	mem, err := shm.NewMemfd("evd-test", shm.RingSize(entries, shm.EVESize))
+	must(t, err)
+	t.Cleanup(func() { mem.Close() })
+	notify, err := shm.NewEventfd()
+	must(t, err)
+	t.Cleanup(func() { notify.Close() })
+	e := &evd{mem: mem, notify: notify}
+	e.ring, _ = shm.NewRing(mem.Mem, entries, shm.EVESize)
+	opts := completion.Options{Depth: depth}
+	if handler != nil {
+		opts.Handler = handler(e)
+	}
+	e.cq, err = completion.New(opts)
+	must(t, err)
+	e.h, err = s.add(e)
+	must(t, err)
+	return s, e
 }
