@@ -568,7 +568,12 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 		if kc.llp.Ready() {
 			err = nil // it came up as the wait ended
 		} else {
+			// A Reply read before the abort must not start the QP
+			// now that Connect fails.
 			kc.Abort()
+			q.mu.Lock()
+			kc.llp.Detach()
+			q.mu.Unlock()
 		}
 		kc.mu.Unlock()
 	}
@@ -585,6 +590,7 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 	// and FIN after a failed negotiation) and closes.
 	kc.mu.Lock()
 	q.mu.Lock()
+	kc.llp.Detach()
 	kc.q = nil
 	if q.conn == llpConn(kc) {
 		q.conn = nil
@@ -709,6 +715,7 @@ func (cr *ConnRequest) acceptKernel(q *QP, private []byte) error {
 		err = kc.llp.Err
 	}
 	if err != nil {
+		kc.llp.Detach()
 		kc.q = nil
 		if cr.gone.Load() {
 			err = fmt.Errorf("%w: the peer closed the connection", ddp.LLPConnectionLost)

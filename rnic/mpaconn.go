@@ -248,11 +248,28 @@ func (e *mpaConn) Fill(c stream, dst []byte) int {
 	return n
 }
 
+// errDetached is the startup error of a connection whose QP let go of it.
+var errDetached = errors.New("rnic: the QP let go of the connection")
+
+// Detach lets go of the QP after a failed startup: nothing that arrives
+// from now on reaches it (a Reply read before an abort does not start
+// it), and no event or timer of the connection is its; what the
+// connection still owes the peer (a Terminate, the FIN) goes out. Call it
+// under the connection's locks, the QP's included.
+func (e *mpaConn) Detach() {
+	if e.Err == nil {
+		e.Err = fmt.Errorf("mpa startup: %w", errDetached)
+	}
+	e.ready = false
+	e.qp = nil
+	e.OnReady, e.OnClose = nil, nil
+}
+
 // Wrote tells a WroteLater MPA layer that the stream took n more octets
 // of what Fill gave; the QP's requests complete as their octets are taken.
 func (e *mpaConn) Wrote(c stream, n int) {
 	n = min(n, e.unwritten)
-	if n == 0 {
+	if n == 0 || e.qp == nil {
 		return
 	}
 	e.unwritten -= n
