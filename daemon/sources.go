@@ -274,8 +274,7 @@ func (r *ringLoop) poll() bool {
 	if !e.ringMu.TryLock() {
 		return true
 	}
-	e.ringMu.Unlock()
-	r.take()
+	r.s.takeRings(e) // releases the lock
 	return true
 }
 

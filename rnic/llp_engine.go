@@ -216,7 +216,7 @@ func (ec *engineConn) startupErr(c *tcp.Conn) error {
 	case err == nil && c.Err() != nil:
 		// A peer that took the TCP connection and reset it during MPA
 		// startup was reached: it is not an iWARP peer that answers
-		// (the kernel datapath's readFrame sees the same).
+		// (the kernel datapath's receive goroutine sees the same).
 		err = fmt.Errorf("%w: %v", ddp.LLPConnectionLost, c.Err())
 	case err == nil:
 		err = fmt.Errorf("%w: connection closed during MPA startup", ddp.LLPConnectionLost)

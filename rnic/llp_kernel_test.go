@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/completion"
-	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
 )
 
@@ -115,26 +114,8 @@ func TestKernelPeerThatStopsReading(t *testing.T) {
 	ln, err := net.Listen("tcp4", "127.0.0.1:0")
 	must(t, err)
 	defer ln.Close()
-	held := make(chan net.Conn, 1)
-	go func() {
-		nc, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		_ = nc.(*net.TCPConn).SetReadBuffer(4096)
-		_ = nc.SetDeadline(time.Now().Add(30 * time.Second))
-		req, err := readMPAFrame(nc, false)
-		if err != nil {
-			nc.Close()
-			return
-		}
-		reply, _, err := (&mpa.Config{}).Accept(&req)
-		if err == nil {
-			wire, _ := reply.Append(nil)
-			_, _ = nc.Write(wire)
-		}
-		held <- nc // reads nothing more
-	}()
+	// The peer reads nothing after its Reply, into a small buffer.
+	held := mpaByHand(ln, func(c net.Conn) { _ = c.(*net.TCPConn).SetReadBuffer(4096) })
 	cli := newHost(t)
 	c := cli.qp(QPAttr{SQDepth: 64, RQDepth: 4})
 	_, err = c.Connect(context.Background(), ln.Addr().String(), ConnectOptions{Timeout: 10 * time.Second})

@@ -311,8 +311,7 @@ func (e *mpaConn) Event(c stream, ev tcp.Event) {
 			e.qp.LLPClosed(nil)
 		case e.Err == nil:
 			// The peer closed before MPA startup completed: it is
-			// not coming back with the rest of its frame (as the
-			// kernel datapath sees EOF in readFrame).
+			// not coming back with the rest of its frame.
 			e.fail(c, fmt.Errorf("%w: the peer closed the connection during MPA startup", ddp.LLPConnectionLost))
 		}
 	case tcp.EventClosed:

@@ -188,25 +188,7 @@ func TestEngineCloseTimeout(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	held := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-		req, err := readMPAFrame(c, false)
-		if err != nil {
-			c.Close()
-			return
-		}
-		reply, _, err := (&mpa.Config{}).Accept(&req)
-		if err == nil {
-			wire, _ := reply.Append(nil)
-			_, _ = c.Write(wire)
-		}
-		held <- c // never closed before the test ends
-	}()
+	held := mpaByHand(ln, nil) // never closed before the test ends
 	q, _, _ := a.qp(t, 0, 64)
 	if _, err := q.Connect(context.Background(), net.JoinHostPort(tp.B.Addr.Addr().String(), "4791"), ConnectOptions{Timeout: 5 * time.Second}); err != nil {
 		t.Fatal(err)
@@ -251,4 +233,33 @@ func readMPAFrame(conn net.Conn, reply bool) (mpa.Frame, error) {
 	}
 	f, _, err := mpa.ParseFrame(buf, reply)
 	return f, err
+}
+
+// mpaByHand accepts one connection on ln, answers its MPA Request by hand
+// (after prep, if set, has seen the socket) and then only holds it: the
+// connection comes on the channel, for the test to close.
+func mpaByHand(ln net.Listener, prep func(net.Conn)) <-chan net.Conn {
+	held := make(chan net.Conn, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		if prep != nil {
+			prep(c)
+		}
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		req, err := readMPAFrame(c, false)
+		if err != nil {
+			c.Close()
+			return
+		}
+		reply, _, err := (&mpa.Config{}).Accept(&req)
+		if err == nil {
+			wire, _ := reply.Append(nil)
+			_, _ = c.Write(wire)
+		}
+		held <- c
+	}()
+	return held
 }
