@@ -60,6 +60,10 @@ type IA struct {
 	conn     *net.UnixConn
 	attr     ctl.IAAttr
 	doorbell *os.File
+	// region is the session's shared memory, every ring of its EPs and
+	// EVDs; queues its EPs' ready queues by vector (objMu).
+	region []byte
+	queues map[uint32]*readyQueue
 
 	mu     sync.Mutex // one request in flight on the socket
 	nextID uint32
@@ -92,19 +96,27 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open IA: connect to softrnicd at %s: %w", path, err)
 	}
-	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}, evds: map[*EVD]struct{}{}, watched: make(chan struct{})}
+	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}, evds: map[*EVD]struct{}{}, queues: map[uint32]*readyQueue{},
+		watched: make(chan struct{})}
 	var reply ctl.HelloReply
 	files, err := ia.call(ctl.OpHello, &ctl.Hello{Client: opts.Name}, nil, &reply)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("open IA: %w", err)
 	}
-	if len(files) != 1 {
+	if len(files) != 2 {
 		c.Close()
 		closeAll(files)
-		return nil, fmt.Errorf("open IA: daemon passed %d descriptors, want the doorbell", len(files))
+		return nil, fmt.Errorf("open IA: daemon passed %d descriptors, want the doorbell and the shared region", len(files))
 	}
 	ia.attr, ia.doorbell = reply.IA, files[0]
+	ia.region, err = mapRegion(files[1], reply.Region)
+	files[1].Close()
+	if err != nil {
+		c.Close()
+		ia.doorbell.Close()
+		return nil, fmt.Errorf("open IA: %w", err)
+	}
 	if ia.stop, ia.stopW, err = os.Pipe(); err != nil {
 		ia.Close()
 		return nil, fmt.Errorf("open IA: %w", err)
@@ -170,6 +182,11 @@ func (ia *IA) Close() error {
 	}
 	ia.closed = true
 	ia.doorbell.Close()
+	ia.objMu.Lock()
+	for _, q := range ia.queues {
+		q.doorbell.Close() // a post after Close fails: os.File is safe for that
+	}
+	ia.objMu.Unlock()
 	if ia.stopW != nil {
 		// watch polls the socket's descriptor: it ends before the
 		// socket closes.
@@ -182,6 +199,28 @@ func (ia *IA) Close() error {
 	ia.ended.Store(true)
 	ia.wakeAll()
 	return ia.conn.Close()
+}
+
+// mapRegion maps the session's region, which must be sealed at its size:
+// the daemon's rings in it can then never fault here. The mapping stays
+// for the life of the process, as the rings' did (Close).
+func mapRegion(f *os.File, size uint64) ([]byte, error) {
+	if size == 0 || size > 1<<31 {
+		return nil, fmt.Errorf("shared region of %d octets", size)
+	}
+	if err := shm.CheckSealed(f, int64(size)); err != nil {
+		return nil, err
+	}
+	return shm.Map(f, 0, int(size))
+}
+
+// block is n octets of the region at off, or an error if the daemon named
+// memory outside it.
+func (ia *IA) block(off uint32, n int) ([]byte, error) {
+	if n <= 0 || uint64(off)+uint64(n) > uint64(len(ia.region)) {
+		return nil, fmt.Errorf("daemon placed %d octets at %#x, outside the shared region of %d", n, off, len(ia.region))
+	}
+	return ia.region[off : int(off)+n : int(off)+n], nil
 }
 
 func closeAll(fs []*os.File) {

@@ -67,7 +67,7 @@ func (e *EP) postSQ(sqe *shm.SQE) error {
 	sqe.Encode(slot)
 	e.sq.Commit()
 	if e.sq.Flags()&shm.NeedWakeup != 0 {
-		return shm.Signal(e.doorbell)
+		return e.ready()
 	}
 	return nil
 }
@@ -159,7 +159,7 @@ func (e *EP) PostRecv(cookie uint64, segs []Segment) error {
 	rqe.Encode(slot)
 	e.rq.Commit()
 	if e.rq.Flags()&shm.NeedWakeup != 0 {
-		return shm.Signal(e.doorbell)
+		return e.ready()
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -69,13 +70,48 @@ type EP struct {
 	ia *IA
 	h  uint32
 
-	mu    sync.Mutex // one producer per ring
-	rings []byte
-	sq    *shm.Ring
-	rq    *shm.Ring
-	// doorbell is rung after a post that finds the ring's need-wakeup
-	// flag up: the daemon's poller for the EP's QP, or its session.
+	mu sync.Mutex // one producer per ring
+	sq *shm.Ring
+	rq *shm.Ring
+	// A post that finds the ring's need-wakeup flag up puts slot on
+	// queue, the ready queue of the EP's vector (ready).
+	slot  uint32
+	queue *readyQueue
+}
+
+// readyQueue is the client's end of a ready queue (internal/shm): where
+// an EP with new work goes, and the doorbell rung when the daemon's side
+// sleeps: the poller of the queue's vector, or a loop of the session.
+type readyQueue struct {
+	mu       sync.Mutex // the EPs of a vector share the producer side
+	ring     *shm.Ring
+	off      uint32
 	doorbell *os.File
+}
+
+// ready tells the daemon that the EP's rings have work: its slot goes on
+// the ready queue unless it is there already, and the doorbell rings if
+// the queue's owner sleeps. e.mu held, after the entry was committed.
+func (e *EP) ready() error {
+	if !e.sq.MarkQueued() {
+		return nil
+	}
+	q := e.queue
+	q.mu.Lock()
+	ok, err := q.ring.Push(e.slot)
+	q.mu.Unlock()
+	switch {
+	case err != nil:
+		return fmt.Errorf("post: ready queue: %w", err)
+	case !ok:
+		// One entry per EP at most: only a daemon that broke the
+		// queue fills it.
+		return fmt.Errorf("post: the daemon's ready queue is full")
+	}
+	if q.ring.Flags()&shm.NeedWakeup != 0 {
+		return shm.Signal(q.doorbell)
+	}
+	return nil
 }
 
 // epFor returns the EP object for a handle, creating one for an EP the
@@ -105,44 +141,69 @@ func (ia *IA) CreateEP(a EPAttr) (*EP, error) {
 	return e, nil
 }
 
-// dropRings unmaps the EP's rings; e.mu held.
-func (e *EP) dropRings() {
-	if e.rings != nil {
-		_ = shm.Unmap(e.rings)
-		e.doorbell.Close()
-		e.rings, e.sq, e.rq, e.doorbell = nil, nil, nil, nil
-	}
-}
+// dropRings forgets the EP's rings, whose blocks the daemon may give to
+// other rings; e.mu held.
+func (e *EP) dropRings() { e.sq, e.rq, e.queue = nil, nil, nil }
 
-// attach maps the rings the daemon passed with an EP reply and keeps their
-// doorbell.
+// attach finds the rings of an EP reply in the region, and its ready
+// queue, whose doorbell comes with the reply.
 func (e *EP) attach(r *ctl.EPReply, files []*os.File) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.dropRings()
-	if !r.HasRings || len(files) != 2 {
+	if !r.HasRings || len(files) != 1 {
 		closeAll(files)
 		if r.HasRings {
-			return fmt.Errorf("daemon passed %d descriptors for the rings and their doorbell", len(files))
+			return fmt.Errorf("daemon passed %d descriptors for the ready queue's doorbell", len(files))
 		}
 		return nil
 	}
-	sqSize := shm.RingSize(r.SQEntries, shm.SQESize)
-	m, err := shm.Map(files[0], 0, sqSize+shm.RingSize(r.RQEntries, shm.RQESize))
-	files[0].Close()
-	if err != nil {
-		files[1].Close()
+	ia := e.ia
+	sqm, err1 := ia.block(r.SQOffset, shm.RingSize(r.SQEntries, shm.SQESize))
+	rqm, err2 := ia.block(r.RQOffset, shm.RingSize(r.RQEntries, shm.RQESize))
+	if err := errors.Join(err1, err2); err != nil {
+		files[0].Close()
 		return err
 	}
-	sq, err1 := shm.NewRing(m[:sqSize], r.SQEntries, shm.SQESize)
-	rq, err2 := shm.NewRing(m[sqSize:], r.RQEntries, shm.RQESize)
-	if err1 != nil || err2 != nil {
-		_ = shm.Unmap(m)
-		files[1].Close()
-		return fmt.Errorf("rings: %v %v", err1, err2)
+	sq, err1 := shm.NewRing(sqm, r.SQEntries, shm.SQESize)
+	rq, err2 := shm.NewRing(rqm, r.RQEntries, shm.RQESize)
+	if err := errors.Join(err1, err2); err != nil {
+		files[0].Close()
+		return fmt.Errorf("rings: %w", err)
 	}
-	e.rings, e.sq, e.rq, e.doorbell = m, sq, rq, files[1]
+	q, err := ia.readyQueue(r, files[0])
+	if err != nil {
+		return err
+	}
+	e.sq, e.rq, e.slot, e.queue = sq, rq, r.Slot, q
 	return nil
+}
+
+// readyQueue returns the ready queue an EP reply names, keeping the
+// doorbell passed with it if the queue is new (else closing it).
+func (ia *IA) readyQueue(r *ctl.EPReply, db *os.File) (*readyQueue, error) {
+	ia.objMu.Lock()
+	defer ia.objMu.Unlock()
+	if q := ia.queues[r.Queue]; q != nil {
+		db.Close()
+		if q.off != r.QueueOffset || q.ring.Entries() != r.QueueEntries {
+			return nil, fmt.Errorf("daemon moved ready queue %d", r.Queue)
+		}
+		return q, nil
+	}
+	m, err := ia.block(r.QueueOffset, shm.RingSize(r.QueueEntries, shm.ReadyEntrySize))
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	ring, err := shm.NewRing(m, r.QueueEntries, shm.ReadyEntrySize)
+	if err != nil {
+		db.Close()
+		return nil, fmt.Errorf("ready queue: %w", err)
+	}
+	q := &readyQueue{ring: ring, off: r.QueueOffset, doorbell: db}
+	ia.queues[r.Queue] = q
+	return q, nil
 }
 
 // Handle is the daemon's handle of the EP.

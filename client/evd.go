@@ -39,7 +39,6 @@ type EVDOptions struct {
 type EVD struct {
 	ia     *IA
 	h      uint32
-	mem    []byte
 	ring   *shm.Ring
 	notify *os.File
 	mu     sync.Mutex // one consumer at a time
@@ -55,23 +54,21 @@ func (ia *IA) CreateEVD(o EVDOptions) (*EVD, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create EVD: %w", err)
 	}
-	if len(files) != 2 {
+	if len(files) != 1 {
 		closeAll(files)
 		return nil, fmt.Errorf("create EVD: daemon passed %d descriptors", len(files))
 	}
-	defer files[0].Close()
-	mem, err := shm.Map(files[0], 0, shm.RingSize(r.Entries, shm.EVESize))
+	mem, err := ia.block(r.Offset, shm.RingSize(r.Entries, shm.EVESize))
 	if err != nil {
-		files[1].Close()
+		files[0].Close()
 		return nil, fmt.Errorf("create EVD: %w", err)
 	}
 	ring, err := shm.NewRing(mem, r.Entries, shm.EVESize)
 	if err != nil {
-		_ = shm.Unmap(mem)
-		files[1].Close()
+		files[0].Close()
 		return nil, fmt.Errorf("create EVD: %w", err)
 	}
-	e := &EVD{ia: ia, h: r.EVD, mem: mem, ring: ring, notify: files[1]}
+	e := &EVD{ia: ia, h: r.EVD, ring: ring, notify: files[0]}
 	ia.objMu.Lock()
 	ia.evds[e] = struct{}{}
 	ia.objMu.Unlock()
@@ -89,7 +86,6 @@ func (e *EVD) Free() error {
 	e.ia.objMu.Lock()
 	delete(e.ia.evds, e)
 	e.ia.objMu.Unlock()
-	_ = shm.Unmap(e.mem)
 	return e.notify.Close()
 }
 

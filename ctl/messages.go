@@ -100,7 +100,9 @@ func (e *Error) Is(target error) bool {
 // ErrorBody is the body of a failed reply.
 type ErrorBody struct{ Message string }
 
-// Hello opens a session. The reply passes the session's doorbell eventfd.
+// Hello opens a session. The reply passes the session's doorbell eventfd
+// and the memfd of its shared region (internal/shm: one region per
+// session, carved into every ring of its EPs and EVDs).
 type Hello struct {
 	Client string
 }
@@ -126,6 +128,8 @@ type IAAttr struct {
 type HelloReply struct {
 	Session uint32
 	IA      IAAttr
+	// Region is the size of the shared region, mapped whole.
+	Region uint64
 }
 
 // Handle is a session-local object handle; 0 is never valid.
@@ -168,8 +172,8 @@ const (
 )
 
 // CreateEVD creates an event dispatcher with a ring of Depth entries in
-// shared memory; the reply passes the ring's memfd and the eventfd the
-// daemon signals when the client armed the EVD.
+// the session's region; the reply passes the eventfd the daemon signals
+// when the client armed the EVD.
 type CreateEVD struct {
 	Depth  uint32
 	Flags  uint8
@@ -180,6 +184,7 @@ type CreateEVD struct {
 type CreateEVDReply struct {
 	EVD     uint32
 	Entries uint32
+	Offset  uint32 // of the ring in the region
 }
 
 // EPAttr are the attributes of an endpoint.
@@ -197,19 +202,28 @@ type EPAttr struct {
 	PeerToPeer bool
 }
 
-// CreateEP creates an endpoint. With a PZ the reply passes the memfd of
-// its send and receive rings and the eventfd to write when a post finds a
-// ring's need-wakeup flag up (the poller of the EP's QP on the
-// accelerated datapath, else the session's doorbell).
+// CreateEP creates an endpoint. With a PZ its send and receive rings are
+// blocks of the session's region, and the reply passes the doorbell of
+// the EP's ready queue (internal/shm), the eventfd to write when a post
+// puts the EP on a queue whose need-wakeup flag is up: the poller of the
+// EP's QP on the accelerated datapath, else the session's ring loop of
+// the QP's completion vector.
 type CreateEP struct{ Attr EPAttr }
 
 // EPReply is returned by CreateEP and ModifyEP: the handle and, when a QP
-// exists, the ring sizes (the rings' memfd and doorbell come with it).
+// exists, where its rings are in the region, its slot (what the client
+// puts on the ready queue) and the queue (the queue's doorbell comes with
+// it; a queue's place never changes within a session).
 type EPReply struct {
-	EP        uint32
-	HasRings  bool
-	SQEntries uint32
-	RQEntries uint32
+	EP                 uint32
+	HasRings           bool
+	SQEntries          uint32
+	RQEntries          uint32
+	SQOffset, RQOffset uint32
+	Slot               uint32
+	Queue              uint32 // the completion vector
+	QueueOffset        uint32
+	QueueEntries       uint32
 }
 
 // ModifyEP changes attributes; Mask says which (EPModify*).

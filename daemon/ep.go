@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"golang.org/x/sys/unix"
 )
 
 // ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
@@ -28,19 +29,26 @@ type ep struct {
 	req    *evd
 	conn   *evd
 	qp     *rnic.QP
-	rings  *shm.Memfd
 	sq, rq *shm.Ring
-	// src is the rings as a source of the QP's poller (xdp datapath),
-	// loop their goroutine (kernel datapath); see sources.go. handOff:
-	// the owner handed them to the session.
-	src     *ringSource
-	loop    *ringLoop
-	handOff atomic.Bool
+	// The rings are blocks of the session's region at sqOff and rqOff;
+	// queue, the ready queue of the QP's vector, finds them by slot
+	// (ready.go). handOff: the queue's owner handed them to the session.
+	sqOff, rqOff uint32
+	slot         uint32
+	queue        *readyQueue
+	handOff      atomic.Bool
 	// ringMu is held by whoever consumes sq and rq, the session or the
-	// poller (ringSource), and guards sgl, scratch for one work request's
-	// SGL on its way from a ring into the engine, which copies it.
+	// queue's owner, and guards sgl, scratch for one work request's SGL
+	// on its way from a ring into the engine, which copies it; queue, sq
+	// and rq change under it (and s.mu).
 	ringMu sync.Mutex
 	sgl    [max(shm.RingSGE, shm.RQSGE)]qp.SGE
+	// detached: the rings are being taken from the queue's owner (ringMu).
+	detached bool
+	// retrying: on its queue's retry list (its owner's); polling: the
+	// QP's receive goroutine polls the rings (kernel datapath; that
+	// goroutine's).
+	retrying, polling bool
 
 	local, remote string
 	peerPD        []byte
@@ -125,6 +133,8 @@ func (s *session) epReply(e *ep) *ctl.EPReply {
 	r := &ctl.EPReply{EP: e.h, HasRings: e.sq != nil}
 	if e.sq != nil {
 		r.SQEntries, r.RQEntries = e.sq.Entries(), e.rq.Entries()
+		r.SQOffset, r.RQOffset, r.Slot = e.sqOff, e.rqOff, e.slot
+		r.Queue, r.QueueOffset, r.QueueEntries = uint32(e.queue.vector), e.queue.off, readyEntries
 	}
 	return r
 }
@@ -157,8 +167,8 @@ func (s *session) resolveEP(a *ctl.EPAttr) (p *pz, recv, req, conn *evd, err err
 }
 
 // configureEP takes references on the PZ and EVDs of a and, with a PZ,
-// creates the QP and its rings; it returns the rings' memfd for the client.
-// s.mu held.
+// creates the QP and carves its rings from the session's region; it
+// returns the doorbell of the EP's ready queue for the client. s.mu held.
 func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 	p, recv, req, conn, err := s.resolveEP(a)
 	if err != nil {
@@ -166,50 +176,9 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 	}
 	var files []*os.File
 	if p != nil {
-		sqn, rqn := roundPow2(max(a.SQDepth, 1)), roundPow2(max(a.RQDepth, 1))
-		sqSize := shm.RingSize(sqn, shm.SQESize)
-		mem, err := shm.NewMemfd("softrnic-ep", sqSize+shm.RingSize(rqn, shm.RQESize))
-		if err != nil {
-			return nil, fail(ctl.InsufficientResources, "%v", err)
+		if files, err = s.configureQP(e, a, p, recv, req); err != nil {
+			return nil, err
 		}
-		// On the xdp datapath BeforeReceive runs on the QP's poller,
-		// and the poller forwards completions (evdSource); on the
-		// kernel datapath whoever completes does (ringLoop).
-		polled := s.srv.dev.Pollers() != nil
-		attr := rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
-			SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
-			OnEvent:       func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) },
-			BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }}
-		if !polled {
-			attr.Completed = func() { s.completed(e, recv, req) }
-			attr.Poll = func() bool { return e.loop != nil && e.loop.poll() }
-			attr.PollDone = func() {
-				if e.loop != nil {
-					e.loop.pollDone()
-				}
-			}
-		}
-		q, err := s.srv.dev.CreateQP(p.pd, attr)
-		if err != nil {
-			mem.Close()
-			return nil, fail(ctl.InvalidParameter, "%v", err)
-		}
-		e.qp, e.rings = q, mem
-		s.owners.Store(q.QPN(), e.h) // 0 until createEP has the handle; unconfigureEP removes it
-		e.sq, _ = shm.NewRing(mem.Mem[:sqSize], sqn, shm.SQESize)
-		e.rq, _ = shm.NewRing(mem.Mem[sqSize:], rqn, shm.RQESize)
-		fd, err := dupFile(mem.File)
-		if err != nil {
-			s.unconfigureEP(e)
-			return nil, fail(ctl.InsufficientResources, "%v", err)
-		}
-		db, err := s.ringDoorbell(e)
-		if err != nil {
-			fd.Close()
-			s.unconfigureEP(e)
-			return nil, fail(ctl.InsufficientResources, "%v", err)
-		}
-		files = append(files, fd, db)
 	}
 	e.pz, e.recv, e.req, e.conn = p, recv, req, conn
 	for _, o := range []*evd{recv, req, conn} {
@@ -224,21 +193,99 @@ func (s *session) configureEP(e *ep, a *ctl.EPAttr) ([]*os.File, error) {
 	return files, nil
 }
 
+// configureQP creates e's QP and rings and puts them on the ready queue of
+// the QP's vector; s.mu held. On failure e is left without them.
+func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (files []*os.File, err error) {
+	sqn, rqn := roundPow2(max(a.SQDepth, 1)), roundPow2(max(a.RQDepth, 1))
+	// On the xdp datapath BeforeReceive runs on the QP's poller, and
+	// the poller forwards completions (evdSource); on the kernel
+	// datapath whoever completes does, and the receive goroutine polls
+	// the rings while it looks for data (Poll).
+	polled := s.srv.dev.Pollers() != nil
+	attr := rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
+		SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
+		OnEvent:       func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) },
+		BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }}
+	if !polled {
+		attr.Completed = func() { s.completed(e, recv, req) }
+		attr.Poll = func() bool { return s.pollRings(e) }
+		attr.PollDone = func() { s.pollDone(e) }
+	}
+	q, err := s.srv.dev.CreateQP(p.pd, attr)
+	if err != nil {
+		return nil, fail(ctl.InvalidParameter, "%v", err)
+	}
+	// What fails from here is a resource: undo in reverse.
+	var undo []func()
+	defer func() {
+		if err != nil {
+			for i := len(undo) - 1; i >= 0; i-- {
+				undo[i]()
+			}
+		}
+	}()
+	undo = append(undo, q.Destroy)
+	rq, err := s.queueFor(q.Vector())
+	if err != nil {
+		return nil, err
+	}
+	sqOff, sq, err := s.allocRing(sqn, shm.SQESize)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { s.freeRing(sqOff, sqn, shm.SQESize) })
+	rqOff, rqr, err := s.allocRing(rqn, shm.RQESize)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { s.freeRing(rqOff, rqn, shm.RQESize) })
+	slot, err := s.newSlot(e)
+	if err != nil {
+		return nil, err
+	}
+	undo = append(undo, func() { s.freeSlot(slot) })
+	db, err := rq.doorbell()
+	if err != nil {
+		return nil, resources("ready queue doorbell", err)
+	}
+	// Until a receive goroutine polls them, a post to the rings puts
+	// the EP on its queue.
+	sq.SetFlags(shm.NeedWakeup)
+	rqr.SetFlags(shm.NeedWakeup)
+	e.ringMu.Lock()
+	e.qp, e.sq, e.rq, e.sqOff, e.rqOff, e.slot, e.queue = q, sq, rqr, sqOff, rqOff, slot, rq
+	e.ringMu.Unlock()
+	s.owners.Store(q.QPN(), e.h) // 0 until createEP has the handle; unconfigureEP removes it
+	return []*os.File{db}, nil
+}
+
 // unconfigureEP drops the QP, rings and references; s.mu held.
 func (s *session) unconfigureEP(e *ep) {
 	if e.cancelConnect != nil {
 		e.cancelConnect()
 		e.cancelConnect = nil
 	}
-	unpoll(e)
+	if e.sq != nil {
+		// The queue's owner finds the slot empty, and e detached if it
+		// had it already: it takes nothing more from the rings.
+		s.freeSlot(e.slot)
+		e.ringMu.Lock()
+		e.detached = true
+		e.ringMu.Unlock()
+	}
 	if e.qp != nil {
 		s.owners.Delete(e.qp.QPN())
 		e.qp.Destroy()
 		e.qp = nil
 	}
-	if e.rings != nil {
-		e.rings.Close()
-		e.rings, e.sq, e.rq = nil, nil, nil
+	if e.sq != nil {
+		// Destroy ended the QP's hooks, the last readers without the
+		// ring lock; the blocks may now carry another EP's rings.
+		e.ringMu.Lock()
+		s.freeRing(e.sqOff, e.sq.Entries(), shm.SQESize)
+		s.freeRing(e.rqOff, e.rq.Entries(), shm.RQESize)
+		e.sq, e.rq, e.queue, e.detached = nil, nil, nil, false
+		e.ringMu.Unlock()
 	}
 	for _, o := range []*evd{e.recv, e.req, e.conn} {
 		if o != nil {
@@ -249,42 +296,6 @@ func (s *session) unconfigureEP(e *ep) {
 		e.pz.refs--
 	}
 	e.pz, e.recv, e.req, e.conn = nil, nil, nil, nil
-}
-
-// ringDoorbell gives the EP's rings to their owner (sources.go), its QP's
-// poller or a loop of their own, and returns the descriptor the client
-// rings for them.
-func (s *session) ringDoorbell(e *ep) (*os.File, error) {
-	pl := e.qp.Poller()
-	if pl == nil {
-		return s.startRingLoop(e)
-	}
-	db, err := pl.Doorbell()
-	if err != nil {
-		return nil, err
-	}
-	src := &ringSource{s: s, e: e, pl: pl}
-	if err := pl.AddSource(src); err != nil {
-		db.Close()
-		return nil, err
-	}
-	e.src = src
-	return db, nil
-}
-
-// unpoll takes the EP's rings from their owner, which once this returns
-// touches them no more: call it before the rings are unmapped.
-func unpoll(e *ep) {
-	if e.src != nil {
-		_ = e.src.pl.RemoveSource(e.src)
-		e.src = nil
-	}
-	if e.loop != nil {
-		// The loop stays e's: the QP's Completed hook may still wake
-		// it (a stopped loop's wake does nothing) until the QP is
-		// destroyed, which is before the rings go.
-		e.loop.stop()
-	}
 }
 
 // modifyEP: digest 003 §3. Immutable fields never change; the PZ only in
@@ -363,6 +374,14 @@ func (s *session) connect(req *ctl.Connect) error {
 	if err != nil || !ap.Addr().Is4() {
 		s.mu.Unlock()
 		return fail(ctl.InvalidParameter, "address %q: want IPv4 host:port", req.Addr)
+	}
+	// The connection needs a descriptor (its socket, or on the xdp
+	// datapath the one reserving its port): at the limit the consumer
+	// hears it here, as INSUFFICIENT_RESOURCES, not later as an event
+	// that would blame the network or the peer.
+	if err := probeDescriptor(); err != nil {
+		s.mu.Unlock()
+		return resources("connect", err)
 	}
 	e.state = ctl.EPActivePending
 	e.remote = ap.String()
@@ -658,6 +677,15 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 }
 
 // connectEvent maps a failed connect to its DAT event.
+// probeDescriptor fails as a socket would when the daemon cannot open one.
+func probeDescriptor() error {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	return unix.Close(fd)
+}
+
 func connectEvent(err error) uint32 {
 	var rej *rnic.RejectedError
 	switch {

@@ -104,11 +104,12 @@ func (s *session) step() bool {
 				if !slices.Contains(held, any(o)) {
 					held = append(held, o)
 				}
-			case o.src != nil:
-				o.src.pl.Wake() // posts may wait beyond the batch taken
-			case o.loop != nil:
-				o.loop.wake()
+			default:
+				o.queue.kick(o) // posts may wait beyond the batch taken
 			}
+		case *readyQueue:
+			s.violation("ready queue", shm.ErrCorrupt)
+			return true
 		case *evd:
 			if s.objects[o.h] != o || !o.handOff.Load() || slices.Contains(held, any(o)) {
 				continue

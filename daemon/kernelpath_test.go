@@ -20,7 +20,7 @@ func TestPumpForwardsMoreThanABatch(t *testing.T) {
 	if left := e.cq.Len(); left != 0 {
 		t.Fatalf("%d of %d completions left in the CQ", left, n)
 	}
-	client, _ := shm.NewRing(e.mem.Mem, 1024, shm.EVESize)
+	client := clientView(t, s, e.ring, e.off, shm.EVESize)
 	for i := range n {
 		slot, err := client.Peek()
 		if err != nil || slot == nil {
@@ -52,7 +52,7 @@ func TestRefusedQueuedReceiveIsReported(t *testing.T) {
 	if rt.e.handOff.Load() || !drained(rt.e.rq) {
 		t.Fatal("the session did not see to the handed-over ring")
 	}
-	events, _ := shm.NewRing(rt.ev.mem.Mem, 16, shm.EVESize)
+	events := rt.events
 	slot, err = events.Peek()
 	if err != nil || slot == nil {
 		t.Fatalf("no event for the refused receive: %v", err)

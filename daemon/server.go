@@ -39,6 +39,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -116,6 +117,25 @@ type Server struct {
 	// only then: a daemon whose main returns with Serve must not exit
 	// before its connections are closed and its device released.
 	stopped chan struct{}
+
+	// short is when a request last ran out of resources, in unix
+	// nanoseconds, and shortQuiet how many more did since it was logged.
+	short      atomic.Int64
+	shortQuiet atomic.Int64
+}
+
+// logResources logs a request that ran out of resources (a descriptor
+// limit, a full region): the operator must hear of it, the client has its
+// INSUFFICIENT_RESOURCES. A client retrying at the limit logs once a
+// second, with the count of those not logged.
+func (s *Server) logResources(sess *session, op ctl.Op, msg string) {
+	now := time.Now().UnixNano()
+	last := s.short.Load()
+	if now-last < int64(time.Second) || !s.short.CompareAndSwap(last, now) {
+		s.shortQuiet.Add(1)
+		return
+	}
+	s.log.Warn("out of resources", "session", sess.id, "pid", sess.cred.Pid, "op", op.String(), "err", msg, "since_last_logged", s.shortQuiet.Swap(0))
 }
 
 // New checks the options, opens the device and listens on the control

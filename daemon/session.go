@@ -51,6 +51,16 @@ type session struct {
 	wake     chan struct{}
 	done     chan struct{}
 
+	// region is the memory shared with the client, heap carves it into
+	// rings; slots finds an EP by the slot the client queues, queues are
+	// the ready queues by vector (ready.go). s.mu, but for slots' reads.
+	region    *shm.Memfd
+	heap      *shm.Heap
+	slots     slotTable
+	freeSlots []uint32
+	nslots    uint32
+	queues    []*readyQueue
+
 	// evMu guards what the loop is given: connection events, and the
 	// EPs and EVDs their owners hand over (handOff).
 	evMu    sync.Mutex
@@ -65,8 +75,19 @@ func newSession(srv *Server, c *net.UnixConn, id uint32, cred *unix.Ucred) (*ses
 	if err != nil {
 		return nil, err
 	}
+	region, err := shm.NewMemfd("softrnic-session", regionSize)
+	if err != nil {
+		db.Close()
+		return nil, err
+	}
+	heap, err := shm.NewHeap(region.Mem, minBlock)
+	if err != nil {
+		db.Close()
+		region.Close()
+		return nil, err
+	}
 	return &session{srv: srv, conn: c, id: id, cred: cred, objects: map[uint32]any{},
-		doorbell: db, wake: make(chan struct{}, 1), done: make(chan struct{})}, nil
+		doorbell: db, wake: make(chan struct{}, 1), done: make(chan struct{}), region: region, heap: heap}, nil
 }
 
 // epOf is the handle of the EP whose QP has number qpn, 0 if none.
@@ -139,6 +160,9 @@ func (s *session) dispatch(msg []byte, fds []*os.File) ([]byte, []*os.File, erro
 		if ce.Status == ctl.ProtocolError {
 			return nil, nil, err
 		}
+		if ce.Status == ctl.InsufficientResources {
+			s.srv.logResources(s, h.Op, ce.Message)
+		}
 		rh.Status = ce.Status
 		reply, _ := ctl.Marshal(rh, &ctl.ErrorBody{Message: ce.Message})
 		for _, f := range out {
@@ -156,6 +180,21 @@ func (s *session) dispatch(msg []byte, fds []*os.File) ([]byte, []*os.File, erro
 
 func fail(st ctl.Status, format string, args ...any) error {
 	return &ctl.Error{Status: st, Message: fmt.Sprintf(format, args...)}
+}
+
+// resources is the error of a request that ran out of something: the
+// client gets INSUFFICIENT_RESOURCES saying what, and a descriptor limit
+// is named, since raising it is the operator's remedy.
+func resources(what string, err error) error {
+	switch {
+	case errors.Is(err, unix.EMFILE):
+		var lim unix.Rlimit
+		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
+		return fail(ctl.InsufficientResources, "%s: softrnicd reached its descriptor limit (RLIMIT_NOFILE %d; a service raises it with LimitNOFILE=): %v", what, lim.Cur, err)
+	case errors.Is(err, unix.ENFILE):
+		return fail(ctl.InsufficientResources, "%s: the system's file table is full (fs.file-max): %v", what, err)
+	}
+	return fail(ctl.InsufficientResources, "%s: %v", what, err)
 }
 
 // handler serves one kind of request: it decodes body, the request, and
@@ -239,13 +278,18 @@ func queryHandle(f func(*session, uint32) (any, []*os.File, error)) handler {
 }
 
 // hello answers the client's first request with the session and the IA,
-// and passes the doorbell.
+// and passes the doorbell and the shared region.
 func (s *session) hello(*ctl.Hello) (any, []*os.File, error) {
 	db, err := dupFile(s.doorbell)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, resources("session doorbell", err)
 	}
-	return &ctl.HelloReply{Session: s.id, IA: s.srv.iaAttr()}, []*os.File{db}, nil
+	region, err := dupFile(s.region.File)
+	if err != nil {
+		db.Close()
+		return nil, nil, resources("session region", err)
+	}
+	return &ctl.HelloReply{Session: s.id, IA: s.srv.iaAttr(), Region: regionSize}, []*os.File{db, region}, nil
 }
 
 func (s *session) queryIA() (any, []*os.File, error) {
@@ -321,7 +365,7 @@ func (s *session) createPZ() (any, []*os.File, error) {
 	defer s.mu.Unlock()
 	pd, err := s.srv.dev.AllocPD()
 	if err != nil {
-		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
+		return nil, nil, resources("PZ", err)
 	}
 	p := &pz{pd: pd}
 	h, err := s.add(p)
@@ -357,7 +401,7 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 	}
 	m, err := shm.Map(f, int64(req.Offset), int(req.Length))
 	if err != nil {
-		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
+		return nil, nil, resources("mapping the LMR", err)
 	}
 	mr, err := s.srv.dev.RegisterMR(p.pd, m, req.VA, qp.Access(req.Access))
 	if err != nil {
@@ -381,7 +425,7 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 type evd struct {
 	h      uint32
 	flags  uint8
-	mem    *shm.Memfd
+	off    uint32 // of the ring in the session's region
 	ring   *shm.Ring
 	notify *os.File
 	cq     *completion.CQ
@@ -449,17 +493,16 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 		return nil, nil, fail(ctl.InvalidParameter, "vector %d of %d", req.Vector, s.srv.opts.Pollers)
 	}
 	entries := roundPow2(req.Depth)
-	mem, err := shm.NewMemfd("softrnic-evd", shm.RingSize(entries, shm.EVESize))
-	if err != nil {
-		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
-	}
-	ring, _ := shm.NewRing(mem.Mem, entries, shm.EVESize)
 	notify, err := shm.NewEventfd()
 	if err != nil {
-		mem.Close()
-		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
+		return nil, nil, resources("EVD eventfd", err)
 	}
-	e := &evd{flags: req.Flags, mem: mem, ring: ring, notify: notify}
+	notifyFD, err := dupFile(notify)
+	if err != nil {
+		notify.Close()
+		return nil, nil, resources("EVD eventfd", err)
+	}
+	e := &evd{flags: req.Flags, notify: notify}
 	if req.Flags&ctl.EVDDTO != 0 {
 		// The poller arms its CQ before it sleeps; on the kernel
 		// datapath the CQ is never armed, its completions pumped by
@@ -470,40 +513,36 @@ func (s *session) createEVD(req *ctl.CreateEVD) (any, []*os.File, error) {
 			}
 		}})
 		if err != nil {
-			mem.Close()
 			notify.Close()
+			notifyFD.Close()
 			return nil, nil, fail(ctl.InvalidParameter, "%v", err)
-		}
-		if pl := s.srv.dev.Poller(int(req.Vector)); pl != nil {
-			src := &evdSource{s: s, e: e, pl: pl}
-			if err := pl.AddSource(src); err != nil {
-				mem.Close()
-				notify.Close()
-				return nil, nil, fail(ctl.InsufficientResources, "%v", err)
-			}
-			e.src = src
 		}
 	}
 	s.mu.Lock()
-	h, err := s.add(e)
-	s.mu.Unlock()
-	if err != nil {
-		mem.Close()
+	defer s.mu.Unlock()
+	if e.off, e.ring, err = s.allocRing(entries, shm.EVESize); err != nil {
 		notify.Close()
+		notifyFD.Close()
+		return nil, nil, err
+	}
+	if pl := s.srv.dev.Poller(int(req.Vector)); pl != nil && e.cq != nil {
+		src := &evdSource{s: s, e: e, pl: pl}
+		if err := pl.AddSource(src); err != nil {
+			s.freeRing(e.off, entries, shm.EVESize)
+			notify.Close()
+			notifyFD.Close()
+			return nil, nil, resources("EVD source", err)
+		}
+		e.src = src
+	}
+	h, err := s.add(e)
+	if err != nil {
+		e.free(s)
+		notifyFD.Close()
 		return nil, nil, err
 	}
 	e.h = h
-	ringFD, err1 := dupFile(mem.File)
-	notifyFD, err2 := dupFile(notify)
-	if err := errors.Join(err1, err2); err != nil {
-		for _, f := range []*os.File{ringFD, notifyFD} {
-			if f != nil {
-				f.Close()
-			}
-		}
-		return nil, nil, fail(ctl.InsufficientResources, "%v", err)
-	}
-	return &ctl.CreateEVDReply{EVD: h, Entries: entries}, []*os.File{ringFD, notifyFD}, nil
+	return &ctl.CreateEVDReply{EVD: h, Entries: entries, Offset: e.off}, []*os.File{notifyFD}, nil
 }
 
 func (s *session) freePZ(h uint32) error {
@@ -549,7 +588,7 @@ func (s *session) freeEVD(h uint32) error {
 	if e.refs > 0 {
 		return fail(ctl.InvalidState, "EVD %d in use by %d EPs or PSPs", h, e.refs)
 	}
-	e.free()
+	e.free(s)
 	s.forget(h)
 	return nil
 }
@@ -568,7 +607,8 @@ func (s *session) queryCR(h uint32) (any, []*os.File, error) {
 	return info, nil, nil
 }
 
-func (e *evd) free() {
+// free lets go of the EVD's ring and eventfd; s.mu held.
+func (e *evd) free(s *session) {
 	if e.src != nil {
 		// Synchronous: the poller touches the ring no more. src
 		// stays: the CQ's handler may still read it.
@@ -576,8 +616,8 @@ func (e *evd) free() {
 	}
 	e.ringMu.Lock()
 	e.freed = true // a pump touches the ring no more
+	s.freeRing(e.off, e.ring.Entries(), shm.EVESize)
 	e.ringMu.Unlock()
-	e.mem.Close()
 	e.notify.Close()
 }
 
@@ -711,6 +751,15 @@ func (s *session) close() {
 	s.doorbell.Close()
 	s.loops.Wait()
 	s.rejectPending()
+	// The queues' owners touch the rings no more once stopped.
+	s.mu.Lock()
+	queues := s.queues
+	s.mu.Unlock()
+	for _, q := range queues {
+		if q != nil {
+			q.stop()
+		}
+	}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -721,15 +770,12 @@ func (s *session) close() {
 			switch o := o.(type) {
 			case *ep:
 				if kind == 0 {
-					unpoll(o)
-					if o.rings != nil {
-						o.rings.Close()
-					}
+					s.unconfigureEP(o)
 					s.forget(h)
 				}
 			case *evd:
 				if kind == 1 {
-					o.free()
+					o.free(s)
 					s.forget(h)
 				}
 			case *lmr:
@@ -752,4 +798,7 @@ func (s *session) close() {
 		}
 	}
 	s.conn.Close()
+	if err := s.region.Close(); err != nil {
+		s.srv.log.Error("unmapping a session's region", "session", s.id, "err", err)
+	}
 }

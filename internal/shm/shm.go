@@ -9,8 +9,18 @@
 //	64   consumer index (u32, free-running)
 //	128  flags (u32): NeedWakeup on request rings, Armed on event rings
 //	192  room wanted (u32, event rings): the daemon has events waiting
-//	     for room; the client rings the doorbell when it takes one
+//	     for room; the client rings the doorbell when it takes one.
+//	     Queued (request rings): the endpoint is on its ready queue
 //	256  entries, each EntrySize octets, Entries a power of two
+//
+// A session's rings are blocks of one region (Heap). An endpoint's two
+// request rings are found by the daemon through a ready queue, a ring of
+// endpoint slots (ReadySize entries) per completion vector: the client
+// that posts to rings whose need-wakeup flag is up puts the endpoint's
+// slot on the queue unless it is there already (MarkQueued), and rings
+// the queue's doorbell if the queue's own need-wakeup flag is up. A
+// poller so looks only at the endpoints that have work, never at every
+// ring of every session.
 //
 // Each side keeps its own copy of the ring's geometry and trusts nothing the
 // other side writes: an index that claims more entries than the ring holds
@@ -149,6 +159,46 @@ func (r *Ring) WantRoom() { atomic.StoreUint32(r.word(offWanted), 1) }
 // to be woken, and clears the request: true once per request.
 func (r *Ring) RoomWanted() bool {
 	return atomic.LoadUint32(r.word(offWanted)) != 0 && atomic.SwapUint32(r.word(offWanted), 0) != 0
+}
+
+// MarkQueued (producer of a request ring) reports whether the ring's
+// endpoint must go on its ready queue: false while it is there already.
+// Commit the entries first: the consumer clears the mark before it looks
+// at the rings, so either it sees the entries or the producer sees the
+// mark cleared and queues the endpoint again.
+func (r *Ring) MarkQueued() bool {
+	w := r.word(offWanted)
+	return atomic.LoadUint32(w) == 0 && atomic.SwapUint32(w, 1) == 0
+}
+
+// ClearQueued (consumer) takes the endpoint off its ready queue, before
+// it looks at the rings.
+func (r *Ring) ClearQueued() { atomic.StoreUint32(r.word(offWanted), 0) }
+
+// ReadyEntrySize is the size of a ready queue's entry, an endpoint slot.
+const ReadyEntrySize = 4
+
+// Push (producer of a ready queue) adds slot; false when the queue is
+// full, which a queue as deep as its endpoints are many never is.
+func (r *Ring) Push(slot uint32) (bool, error) {
+	b, err := r.Reserve()
+	if b == nil || err != nil {
+		return false, err
+	}
+	ne.PutUint32(b, slot)
+	r.Commit()
+	return true, nil
+}
+
+// Pop (consumer of a ready queue) takes the next slot.
+func (r *Ring) Pop() (slot uint32, ok bool, err error) {
+	b, err := r.Peek()
+	if b == nil || err != nil {
+		return 0, false, err
+	}
+	slot = ne.Uint32(b)
+	r.Release()
+	return slot, true, nil
 }
 
 // Memfd is a memfd mapped into this process.

@@ -1,0 +1,115 @@
+package client_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/daemon"
+)
+
+// An EP's rings cost neither side a descriptor: they are blocks of the
+// session's region, and EPs share their vector's ready queue and its
+// doorbell. Hundreds of EPs, then all freed, leave the count where it was
+// after the first (which made the queue).
+func TestEPsCostNoDescriptors(t *testing.T) {
+	sock, _ := startDaemon(t)
+	a := newApp(t, sock, "fds")
+	first := a.ep(t)
+	before := openFDs(t)
+	var eps []*client.EP
+	for range 300 {
+		eps = append(eps, a.ep(t))
+	}
+	if after := openFDs(t); after > before+2 {
+		t.Fatalf("300 EPs took %d descriptors (daemon and client together)", after-before)
+	}
+	for _, e := range append(eps, first) {
+		must(t, e.Free())
+	}
+	if after := openFDs(t); after > before+2 {
+		t.Fatalf("%d descriptors more after freeing every EP", after-before)
+	}
+}
+
+// syncBuffer is a log the daemon writes while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// At the descriptor limit a connect fails at once with
+// INSUFFICIENT_RESOURCES naming the limit, the daemon logs it, and nothing
+// reaches the peer; once descriptors are free again the same EP connects.
+func TestConnectAtTheDescriptorLimit(t *testing.T) {
+	var log syncBuffer
+	sock := filepath.Join(t.TempDir(), "lo.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	must(t, err)
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	port := freePort(t)
+	server, cli := newApp(t, sock, "server"), newApp(t, sock, "client")
+	_, err = server.ia.CreatePSP(port, server.cr, false)
+	must(t, err)
+	cep := cli.ep(t)
+	addr := net.JoinHostPort("127.0.0.1", itoa(port))
+
+	// RLIMIT_NOFILE bounds descriptor numbers: with the soft limit at
+	// the lowest free one, no descriptor can be opened.
+	var lim unix.Rlimit
+	must(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &lim))
+	f, err := os.Open(os.DevNull)
+	must(t, err)
+	lowest := f.Fd()
+	f.Close()
+	low := lim
+	low.Cur = uint64(lowest)
+	must(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	err = cep.Connect(addr, nil, 10*time.Second)
+	must(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &lim))
+	var ce *ctl.Error
+	if !errors.As(err, &ce) || ce.Status != ctl.InsufficientResources || !strings.Contains(ce.Message, "RLIMIT_NOFILE") {
+		t.Fatalf("connect at the descriptor limit: %v, want INSUFFICIENT_RESOURCES naming RLIMIT_NOFILE", err)
+	}
+	if !strings.Contains(log.String(), "out of resources") || !strings.Contains(log.String(), "RLIMIT_NOFILE") {
+		t.Fatalf("the daemon did not log the limit:\n%s", log.String())
+	}
+	if st, _ := cep.State(); st != client.Unconnected {
+		t.Fatalf("EP in %v after a refused connect", st)
+	}
+
+	must(t, cep.Connect(addr, nil, 10*time.Second))
+	ev := wait(t, server.cr)
+	if ev.Type != client.ConnectionRequest {
+		t.Fatalf("server got %+v", ev)
+	}
+	must(t, ev.CR.Accept(server.ep(t), nil))
+	if ev := wait(t, cli.conn); ev.Conn != client.Established {
+		t.Fatalf("client: %+v", ev)
+	}
+}
