@@ -71,8 +71,10 @@ func BenchmarkEngineSegments(b *testing.B) {
 		b.Fatal(err)
 	}
 	w.pump()
-	// Warm up: let the window open.
-	for i := 0; i < 200; i++ {
+	// Warm up: let the window open, and the send rings grow with it to
+	// the size the stream keeps (they start small: see tcp's Buffer
+	// memory), so that what is measured is the steady state.
+	for i := 0; i < 1000; i++ {
 		w.now += 10000
 		w.pump()
 	}
@@ -125,7 +127,8 @@ func BenchmarkIdleConnectionState(b *testing.B) {
 }
 
 // TestEngineSteadyStateAllocations: moving data allocates nothing per
-// segment once the connection runs (the buffers exist).
+// segment once the connection runs: its send rings come from the pool as
+// it drains and fills again (see tcp's Buffer memory).
 func TestEngineSteadyStateAllocations(t *testing.T) {
 	o := tcp.Options{Secret: secret}
 	sa, _ := tcp.NewStack(o)
@@ -146,7 +149,15 @@ func TestEngineSteadyStateAllocations(t *testing.T) {
 	if w.segments-seg0 < 1000 {
 		t.Fatalf("only %d segments moved", w.segments-seg0)
 	}
-	if allocs != 0 {
-		t.Fatalf("%.1f allocations per round of %d segments", allocs, (w.segments-seg0)/200)
+	// Each direction drains its ring once a round here and takes one
+	// again: under the race detector sync.Pool drops a quarter of what
+	// is put in it, on purpose, and those two may be allocated. Nothing
+	// is per segment either way.
+	limit := 0.0
+	if raceEnabled {
+		limit = 2
+	}
+	if allocs > limit {
+		t.Fatalf("%.1f allocations per round of %d segments, want at most %.0f", allocs, (w.segments-seg0)/200, limit)
 	}
 }

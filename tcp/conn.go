@@ -278,6 +278,14 @@ func (c *Conn) terminate(err error) {
 		c.err = err
 	}
 	c.rtoAt, c.delackAt, c.keepAt, c.twAt = 0, 0, 0, 0
+	// Nothing more is sent, and only octets in order may still be read:
+	// the rest of the buffers goes back to the pool now, not when the
+	// Conn is collected.
+	c.snd.drop()
+	c.sb.reset()
+	if c.rcv.n == 0 {
+		c.rcv.drop()
+	}
 	c.stack.release(c)
 	c.event(EventClosed)
 }

@@ -143,7 +143,7 @@ func (l *Listener) cookieConn(now Time, id FourTuple, seg *Segment) *Conn {
 	c.listener = l
 	c.state = StateSynRcvd
 	l.synCount++
-	s.conns[id] = c
+	s.add(c)
 	return c
 }
 

@@ -188,30 +188,54 @@ func (c *Conn) fill(unsent, want int) int {
 	if !ok || c.finQueued {
 		return unsent
 	}
-	for unsent < want {
-		t := c.snd.tail()
-		if len(t) == 0 {
-			break
-		}
+	// A stream that drained its ring after a busy period takes one of
+	// the size that period needed for the producer to fill in place, as
+	// it was before it drained; if the producer has nothing, the ring
+	// goes back, and with it that size (sendBuf.next), so that an idle
+	// connection does not take one at each turn.
+	again := c.snd.n == 0 && c.snd.next > 0 && unsent < want
+	if again {
+		c.snd.grow(1)
+	}
+	unsent = c.fillFrom(f, unsent, want)
+	if again && c.snd.n == 0 {
+		c.snd.drop()
+	}
+	return unsent
+}
+
+// fillFrom is fill's loop: the producer fills the ring's free space in
+// place, or scratch space the ring then takes.
+func (c *Conn) fillFrom(f Filler, unsent, want int) int {
+	for unsent < want && c.snd.free() > 0 {
 		room := want - unsent
-		m := min(len(t), room)
-		k := c.handlerFill(f, t[:m:m]) // past m: unacknowledged octets, or past want
-		if k > 0 {
-			c.snd.n += k
-			unsent += k
-			continue
+		t := c.snd.tail()
+		if len(t) > 0 {
+			m := min(len(t), room)
+			k := c.handlerFill(f, t[:m:m]) // past m: unacknowledged octets, or past want
+			if k > 0 {
+				c.snd.added(k)
+				unsent += k
+				continue
+			}
+			if len(t) >= room || c.snd.free() <= len(t) {
+				break
+			}
 		}
-		// The free space before the ring's end may be too short for the
-		// producer's next whole unit (an FPDU) while more is free past
-		// the wrap. Without this, nothing more was sent until every
-		// octet in flight was acknowledged and the ring started over,
-		// which took the peer's delayed ACK for the last segment: 40 ms
-		// stalls that held an xdp Write stream to a quarter of its rate.
-		if len(t) >= room || c.snd.free() <= len(t) {
-			break
-		}
+		// There is no ring (an idle connection holds none, and the
+		// producer may have nothing: a ring taken for it would be held
+		// for nothing), or it is full, or the free space before its end
+		// is too short for the producer's next whole unit (an FPDU)
+		// while more is free past the wrap or past the ring's size. The
+		// producer fills scratch space, and the ring takes what it gave,
+		// growing for it. (Without the last case, nothing more was sent
+		// until every octet in flight was acknowledged and the ring
+		// started over, which took the peer's delayed ACK for the last
+		// segment: 40 ms stalls that held an xdp Write stream to a
+		// quarter of its rate.)
 		s := c.stack.fillScratch(min(room, c.snd.free()))
-		if k = c.handlerFill(f, s[:len(s):len(s)]); k <= 0 {
+		k := c.handlerFill(f, s[:len(s):len(s)])
+		if k <= 0 {
 			break
 		}
 		c.snd.write(s[:k])

@@ -13,7 +13,9 @@ type scoreboard struct {
 	sacked int // octets covered
 }
 
-func (sb *scoreboard) reset() { sb.s, sb.sacked = sb.s[:0], 0 }
+// reset forgets every range, and the list's memory with them: a
+// connection past its loss episodes holds none (see Buffer memory).
+func (sb *scoreboard) reset() { sb.s, sb.sacked = nil, 0 }
 
 // empty: nothing is SACKed.
 func (sb *scoreboard) empty() bool { return len(sb.s) == 0 }
@@ -40,7 +42,11 @@ func (sb *scoreboard) release(una Seq) {
 		sb.sacked -= sb.s[k].len()
 		k++
 	}
-	if k > 0 {
+	switch {
+	case k == len(sb.s):
+		sb.reset()
+		return
+	case k > 0:
 		sb.s = sb.s[:copy(sb.s, sb.s[k:])]
 	}
 	if len(sb.s) > 0 && sb.s[0].start.LessThan(una) {

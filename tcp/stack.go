@@ -14,8 +14,11 @@ import (
 // Stack is the TCP engine of one poller: its connections, listeners,
 // timers and output queue.
 type Stack struct {
-	opts      Options
-	conns     map[FourTuple]*Conn
+	opts  Options
+	conns map[FourTuple]*Conn
+	// connsPeak is the most connections conns has held since it was
+	// made (see forget).
+	connsPeak int
 	listeners map[uint16]*Listener
 	timers    timerHeap
 	// outq[outHead:] is a FIFO of connections with something to send;
@@ -151,7 +154,7 @@ func (s *Stack) Connect(now Time, local netip.Addr, localPort uint16, remote net
 	}
 	c := s.newConn(now, id, h)
 	c.state = StateSynSent
-	s.conns[id] = c
+	s.add(c)
 	c.wantOutput()
 	return c, nil
 }
@@ -323,7 +326,7 @@ func (l *Listener) input(now Time, id FourTuple, seg *Segment) {
 		c.sndWnd = int(seg.Window) // unscaled in a SYN
 		c.sndWl1, c.sndWl2 = seg.Seq, 0
 		l.synCount++
-		s.conns[id] = c
+		s.add(c)
 		c.wantOutput()
 	}
 }
@@ -472,7 +475,7 @@ func (s *Stack) release(c *Conn) {
 		heap.Remove(&s.timers, c.heapIdx)
 	}
 	if s.conns[c.id] == c {
-		delete(s.conns, c.id)
+		s.forget(c)
 	}
 	if l := c.listener; l != nil {
 		if c.state == StateClosed && l.synCount > 0 && !c.inAccept() {
@@ -487,6 +490,32 @@ func (s *Stack) release(c *Conn) {
 		c.listener = nil
 	}
 	c.released = true
+}
+
+// add files c under its addresses.
+func (s *Stack) add(c *Conn) {
+	s.conns[c.id] = c
+	s.connsPeak = max(s.connsPeak, len(s.conns))
+}
+
+// minShrink is the fewest connections a map must have held for forget to
+// make it again smaller.
+const minShrink = 64
+
+// forget takes c out of the connections. A Go map keeps the size of its
+// peak: once the connections fall to a quarter of it, the map is made
+// again at their size, so that the tables of thousands of connections
+// closed are not held for ever (issue 16). Each entry is copied at most
+// once per three deleted before it, so forgetting stays O(1) amortized.
+func (s *Stack) forget(c *Conn) {
+	delete(s.conns, c.id)
+	if n := len(s.conns); s.connsPeak >= minShrink && n < s.connsPeak/4 {
+		m := make(map[FourTuple]*Conn, n)
+		for id, x := range s.conns {
+			m[id] = x
+		}
+		s.conns, s.connsPeak = m, n
+	}
 }
 
 // inAccept: c waits in its listener's accept queue.
@@ -557,7 +586,7 @@ func (s *Stack) Detach(c *Conn) error {
 	if c.listener != nil {
 		return errors.New("tcp: detach: connection not yet accepted")
 	}
-	delete(s.conns, c.id)
+	s.forget(c)
 	s.dropQueued(c)
 	if c.heapIdx >= 0 {
 		heap.Remove(&s.timers, c.heapIdx)
@@ -584,7 +613,7 @@ func (s *Stack) Adopt(c *Conn) error {
 		return ErrPortInUse
 	}
 	c.stack = s
-	s.conns[c.id] = c
+	s.add(c)
 	c.timerAt = 0
 	s.timerChanged(c)
 	if c.needsOutput {

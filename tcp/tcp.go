@@ -159,8 +159,11 @@ type Filler interface {
 type Options struct {
 	// MTU of the interface the stack sends on, for the MSS (default 1500).
 	MTU int
-	// SendBuffer and ReceiveBuffer per connection (default 4 MiB each:
-	// enough for one connection to fill a 25 Gbit/s link at 1 ms RTT).
+	// SendBuffer and ReceiveBuffer bound what a connection holds
+	// (default 4 MiB each: enough for one connection to fill a 25 Gbit/s
+	// link at 1 ms RTT); the receive window offers ReceiveBuffer. They
+	// are limits, not reservations: memory is taken as octets are
+	// queued and given back when none are (see buffer.go).
 	SendBuffer, ReceiveBuffer int
 	// CongestionControl by name: "cubic" (default) or "newreno".
 	CongestionControl string

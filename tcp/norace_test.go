@@ -1,0 +1,5 @@
+//go:build !race
+
+package tcp_test
+
+const raceEnabled = false

@@ -1,0 +1,6 @@
+//go:build race
+
+package tcp_test
+
+// raceEnabled: the race detector is on.
+const raceEnabled = true
