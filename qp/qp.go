@@ -20,6 +20,7 @@ package qp
 import (
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
@@ -44,6 +45,9 @@ func (s State) String() string {
 
 // Limits.
 const (
+	// MaxDepth bounds a work queue's depth (the rings' indices are 32
+	// bits).
+	MaxDepth      = 1 << 24
 	MaxSGE        = 8
 	MaxInline     = 256
 	DefaultInline = 64
@@ -97,10 +101,7 @@ var ErrConfig = errors.New("qp: invalid configuration")
 
 // QP is one queue pair.
 type QP struct {
-	cfg   Config
-	state State
-	// pushed: a completion was pushed since TakePushed.
-	pushed bool
+	cfg Config
 
 	// LLP framing, set by Connect.
 	framer *mpa.Framer
@@ -109,9 +110,13 @@ type QP struct {
 	ird    int
 	ord    int
 
-	sq   ring[sqe]
+	// The work queues are rings of pointers to entries taken from a
+	// pool as work is posted and given back as it completes (see
+	// sqePool): an idle QP holds a pointer per slot, not an entry
+	// (about 700 octets for a send) per slot of its depth.
+	sq   ring[*sqe]
 	txSQ int // index (from head) of the next SQ entry to transmit
-	rq   ring[rqe]
+	rq   ring[*rqe]
 
 	// MSNs: the next to send per queue, and the next expected per queue.
 	sendMSN, readMSN, atomicRspMSN ddp.MSN
@@ -120,8 +125,7 @@ type QP struct {
 	// orq holds our Reads and atomics awaiting responses, in order.
 	orq ring[*sqe]
 	// irq holds the peer's Reads and atomics we owe responses to.
-	irq     ring[irqe]
-	preferQ bool // alternate between responses and the SQ
+	irq ring[*irqe]
 
 	rx rxState
 
@@ -129,15 +133,20 @@ type QP struct {
 	// accepted.
 	txPos, sentPos uint64
 
+	term    *ddp.TerminateFields // a Terminate waiting to go out
+	termBuf []byte
+
+	// The flags, together: a QP is held for each connection.
+	state State
+	// pushed: a completion was pushed since TakePushed.
+	pushed  bool
+	preferQ bool // alternate between responses and the SQ
 	// holdTx: a responder waiting for the initiator's first FPDU.
 	holdTx bool
 	// rtr: the ready-to-receive message still to send (peer-to-peer).
 	rtr mpa.RTR
 	// rtrRead: our zero-length Read RTR awaits its empty response.
-	rtrRead bool
-
-	term     *ddp.TerminateFields // a Terminate waiting to go out
-	termBuf  []byte
+	rtrRead  bool
 	termDone bool
 	ended    bool // the connection is over: no more posts until Reset
 	told     bool // the terminal event was given
@@ -146,7 +155,7 @@ type QP struct {
 // New creates a QP in Idle. Receives may be posted before Connect.
 func New(cfg Config) (*QP, error) {
 	switch {
-	case cfg.SQDepth < 1 || cfg.RQDepth < 1:
+	case cfg.SQDepth < 1 || cfg.RQDepth < 1 || cfg.SQDepth > MaxDepth || cfg.RQDepth > MaxDepth:
 		return nil, fmt.Errorf("%w: queue depths %d/%d", ErrConfig, cfg.SQDepth, cfg.RQDepth)
 	case cfg.IRD < 0 || cfg.ORD < 0 || cfg.IRD > mpa.MaxIRDORD || cfg.ORD > mpa.MaxIRDORD:
 		return nil, fmt.Errorf("%w: IRD %d ORD %d", ErrConfig, cfg.IRD, cfg.ORD)
@@ -211,10 +220,20 @@ func (q *QP) Connect(p mpa.Params, emss int, initiator bool) error {
 	return nil
 }
 
+// Entries of the work queues, pooled (see QP.sq): taken when a request is
+// posted (or a peer's Read or atomic arrives), zeroed and put back when it
+// completes, so that no pointer to a region outlives the request.
+var (
+	sqePool  = sync.Pool{New: func() any { return new(sqe) }}
+	rqePool  = sync.Pool{New: func() any { return new(rqe) }}
+	irqePool = sync.Pool{New: func() any { return new(irqe) }}
+)
+
 // sqe is a send-queue entry.
 type sqe struct {
-	wr    SendWR
-	sgl   [MaxSGE]SGE
+	wr SendWR
+	// sink is the first SGE, the local target of a Read or atomic.
+	sink  SGE
 	nsge  int
 	bufs  [MaxSGE][]byte
 	mrs   [MaxSGE]*MR
@@ -234,10 +253,10 @@ type sqe struct {
 	readTO   uint64 // Read: next expected sink offset
 }
 
-// rqe is a receive-queue entry.
+// rqe is a receive-queue entry: what placement needs, and no copy of the
+// request's SGL, as an idle QP's posted receives are what it holds.
 type rqe struct {
-	wr    RecvWR
-	sgl   [MaxSGE]SGE
+	id    uint64
 	nsge  int
 	bufs  [MaxSGE][]byte
 	mrs   [MaxSGE]*MR
@@ -251,10 +270,24 @@ func (q *QP) PostSend(wr *SendWR) error {
 	if err := q.canPost(q.sq.full(), len(wr.SGL)); err != nil {
 		return err
 	}
-	e := q.sq.slot()
+	e := sqePool.Get().(*sqe)
+	if err := q.prepareSend(e, wr); err != nil {
+		*e = sqe{}
+		sqePool.Put(e)
+		return err
+	}
+	q.sq.add(e)
+	return nil
+}
+
+// prepareSend fills a send entry from wr; on failure it holds no region.
+func (q *QP) prepareSend(e *sqe, wr *SendWR) error {
 	*e = sqe{wr: *wr}
-	e.wr.SGL = nil
-	e.nsge = copy(e.sgl[:], wr.SGL)
+	e.wr.SGL, e.wr.InlineData = nil, nil
+	e.nsge = len(wr.SGL)
+	if e.nsge > 0 {
+		e.sink = wr.SGL[0]
+	}
 	var need Access
 	switch wr.Op {
 	case OpSend, OpSendInvalidate, OpWrite, OpImmediate, OpLocalInvalidate:
@@ -265,7 +298,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 		}
 	case OpFetchAdd, OpCmpSwap:
 		need = LocalWrite
-		if e.nsge != 1 || e.sgl[0].Length != 8 || wr.RemoteTO%8 != 0 {
+		if e.nsge != 1 || e.sink.Length != 8 || wr.RemoteTO%8 != 0 {
 			return fmt.Errorf("%w: an atomic takes one 8-octet SGE and an 8-aligned remote offset", ErrInvalidWR)
 		}
 	default:
@@ -278,7 +311,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 		e.total = copy(e.inline[:], wr.InlineData)
 		e.bufs[0] = e.inline[:e.total]
 		e.nsge = 1
-	} else if err := q.resolve(e.sgl[:e.nsge], e.bufs[:], e.mrs[:], need, &e.total); err != nil {
+	} else if err := q.resolve(wr.SGL, e.bufs[:], e.mrs[:], need, &e.total); err != nil {
 		return err
 	}
 	if wr.Op == OpRead || wr.Op == OpWrite {
@@ -287,7 +320,6 @@ func (q *QP) PostSend(wr *SendWR) error {
 			return fmt.Errorf("%w: %d octets", ErrInvalidWR, e.total)
 		}
 	}
-	q.sq.push()
 	return nil
 }
 
@@ -311,15 +343,34 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 	if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil {
 		return err
 	}
-	e := q.rq.slot()
-	*e = rqe{wr: *wr}
-	e.wr.SGL = nil
-	e.nsge = copy(e.sgl[:], wr.SGL)
-	if err := q.resolve(e.sgl[:e.nsge], e.bufs[:], e.mrs[:], LocalWrite, &e.total); err != nil {
+	e := rqePool.Get().(*rqe)
+	e.id, e.nsge = wr.ID, len(wr.SGL)
+	if err := q.resolve(wr.SGL, e.bufs[:], e.mrs[:], LocalWrite, &e.total); err != nil {
+		*e = rqe{}
+		rqePool.Put(e)
 		return err
 	}
-	q.rq.push()
+	q.rq.add(e)
 	return nil
+}
+
+// popRecv completes the oldest receive: its holds dropped, the entry back
+// in the pool.
+func (q *QP) popRecv() {
+	e := q.rq.get(0)
+	e.releaseAll()
+	*e = rqe{}
+	q.rq.pop()
+	rqePool.Put(e)
+}
+
+// popResponse ends the oldest response we owe (sent, or flushed).
+func (q *QP) popResponse() {
+	e := q.irq.get(0)
+	e.release()
+	*e = irqe{}
+	q.irq.pop()
+	irqePool.Put(e)
 }
 
 // resolve checks local SGEs against the QP's PD and holds their regions.
@@ -369,7 +420,7 @@ var sendCompletionOp = [...]completion.Opcode{
 // completions appear in posting order.
 func (q *QP) retire() {
 	for q.sq.len() > 0 {
-		e := q.sq.at(0)
+		e := q.sq.get(0)
 		if !e.done {
 			if e.queued && !e.awaiting && q.sentPos >= e.endPos {
 				e.done = true
@@ -388,6 +439,7 @@ func (q *QP) retire() {
 		e.releaseAll()
 		*e = sqe{}
 		q.sq.pop()
+		sqePool.Put(e)
 		if q.txSQ > 0 {
 			q.txSQ--
 		}
@@ -481,14 +533,13 @@ func (q *QP) enterError(err error, kind EventKind) {
 	q.ended = true
 	q.rx.drop()
 	for q.irq.len() > 0 {
-		q.irq.at(0).release()
-		q.irq.pop()
+		q.popResponse()
 	}
 	for q.orq.len() > 0 {
 		q.orq.pop()
 	}
 	for i := 0; i < q.sq.len(); i++ {
-		e := q.sq.at(i)
+		e := q.sq.get(i)
 		if !e.done {
 			e.done = true
 			e.awaiting = false
@@ -500,12 +551,10 @@ func (q *QP) enterError(err error, kind EventKind) {
 	}
 	q.retire()
 	for q.rq.len() > 0 {
-		e := q.rq.at(0)
 		q.pushed = true
-		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
+		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: q.rq.get(0).id, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
 			Status: completion.FlushError, Err: err})
-		e.releaseAll()
-		q.rq.pop()
+		q.popRecv()
 	}
 	if !q.told {
 		q.told = true
@@ -537,33 +586,30 @@ func (q *QP) event(e Event) {
 	}
 }
 
-// ring is a fixed-capacity FIFO.
+// ring is a fixed-capacity FIFO. Its indices are 32 bits (depths are far
+// below that): four rings sit in every QP.
 type ring[T any] struct {
-	buf  []T
-	head int
-	n    int
+	buf     []T
+	head, n int32
 }
 
 func (r *ring[T]) init(n int) {
 	old := *r
 	r.buf = make([]T, n)
 	r.head, r.n = 0, 0
-	for i := 0; i < old.n; i++ {
-		r.buf[i] = old.buf[(old.head+i)%len(old.buf)]
+	for i := 0; i < old.len(); i++ {
+		r.buf[i] = old.get(i)
 		r.n++
 	}
 }
 func (r *ring[T]) cap() int    { return len(r.buf) }
-func (r *ring[T]) len() int    { return r.n }
-func (r *ring[T]) full() bool  { return r.n == len(r.buf) }
-func (r *ring[T]) at(i int) *T { return &r.buf[(r.head+i)%len(r.buf)] }
-
-// slot is the entry push will add.
-func (r *ring[T]) slot() *T { return &r.buf[(r.head+r.n)%len(r.buf)] }
-func (r *ring[T]) push()    { r.n++ }
+func (r *ring[T]) len() int    { return int(r.n) }
+func (r *ring[T]) full() bool  { return int(r.n) == len(r.buf) }
+func (r *ring[T]) get(i int) T { return r.buf[(int(r.head)+i)%len(r.buf)] }
+func (r *ring[T]) add(v T)     { r.buf[(int(r.head)+int(r.n))%len(r.buf)] = v; r.n++ }
 func (r *ring[T]) pop() {
 	var zero T
 	r.buf[r.head] = zero
-	r.head = (r.head + 1) % len(r.buf)
+	r.head = int32((int(r.head) + 1) % len(r.buf))
 	r.n--
 }

@@ -175,12 +175,12 @@ func (q *QP) startSegment() bool {
 			r.mode, r.rtr = rxDone, true
 			break
 		}
-		if q.orq.len() == 0 || (*q.orq.at(0)).wr.Op != OpRead {
+		if q.orq.len() == 0 || q.orq.get(0).wr.Op != OpRead {
 			q.terminate(ddp.RDMAPUnexpectedOpcode)
 			return false
 		}
-		e := *q.orq.at(0)
-		sink := e.sgl[0]
+		e := q.orq.get(0)
+		sink := e.sink
 		if t.STag() != sink.LKey {
 			q.terminate(ddp.DDPTaggedInvalidSTag)
 			return false
@@ -200,7 +200,7 @@ func (q *QP) startSegment() bool {
 			q.terminate(err)
 			return false
 		}
-		e := q.rq.at(0)
+		e := q.rq.get(0)
 		mo := int(u.MO())
 		if mo != e.got {
 			q.terminate(ddp.DDPUntaggedInvalidMO)
@@ -225,7 +225,7 @@ func (q *QP) startSegment() bool {
 		r.mode = rxDone
 	case ddp.OpAtomicResponse:
 		u := ddp.Untagged(h)
-		if u.MSN() != q.expAtomicRsp || q.orq.len() == 0 || !(*q.orq.at(0)).isAtomic() {
+		if u.MSN() != q.expAtomicRsp || q.orq.len() == 0 || !q.orq.get(0).isAtomic() {
 			q.terminate(ddp.DDPUntaggedMSNRange)
 			return false
 		}
@@ -269,7 +269,19 @@ func (q *QP) rxRequest(op ddp.Opcode) error {
 		return ddp.RDMAPCatastrophicLocalStream
 	}
 	body := r.hdr[r.hlen:r.need]
-	e := q.irq.slot()
+	e := irqePool.Get().(*irqe)
+	if err := q.prepareRequest(e, op, body); err != nil {
+		*e = irqe{}
+		irqePool.Put(e)
+		return err
+	}
+	q.irq.add(e)
+	return nil
+}
+
+// prepareRequest fills a response entry from an inbound Read or atomic
+// request's body; on failure it holds no region.
+func (q *QP) prepareRequest(e *irqe, op ddp.Opcode, body []byte) error {
 	if op == ddp.OpReadRequest {
 		rr := ddp.ReadRequest(body)
 		*e = irqe{sinkSTag: rr.SinkSTag(), sinkTO: rr.SinkTO(), size: int(rr.Size())}
@@ -297,7 +309,6 @@ func (q *QP) rxRequest(op ddp.Opcode) error {
 		}
 		*e = irqe{atomic: true, src: target, mr: m, req: f}
 	}
-	q.irq.push()
 	return nil
 }
 
@@ -309,7 +320,7 @@ func (q *QP) place(data []byte) {
 		n := copy(r.dst, data)
 		r.dst = r.dst[n:]
 	case rxUntagged:
-		e := q.rq.at(0)
+		e := q.rq.get(0)
 		off, n := r.mo, len(data)
 		for i := 0; i < e.nsge && len(data) > 0; i++ {
 			b := e.bufs[i]
@@ -343,9 +354,9 @@ func (q *QP) rxEnd() {
 		if r.rtr {
 			return
 		}
-		e := *q.orq.at(0)
+		e := q.orq.get(0)
 		if last {
-			if e.readTO != e.sgl[0].Addr+uint64(e.sgl[0].Length) {
+			if e.readTO != e.sink.Addr+uint64(e.sink.Length) {
 				q.terminate(ddp.DDPTaggedBaseOrBounds)
 				return
 			}
@@ -355,12 +366,12 @@ func (q *QP) rxEnd() {
 			q.retire()
 		}
 	case ddp.OpSend, ddp.OpSendInvalidate, ddp.OpSendSE, ddp.OpSendSEInvalidate:
-		e := q.rq.at(0)
+		e := q.rq.get(0)
 		e.got = r.mo
 		if !last {
 			return
 		}
-		c := completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecv, ByteLen: uint32(e.got),
+		c := completion.Completion{ID: e.id, QPN: q.cfg.QPN, Opcode: completion.OpRecv, ByteLen: uint32(e.got),
 			Solicited: op == ddp.OpSendSE || op == ddp.OpSendSEInvalidate}
 		if op == ddp.OpSendInvalidate || op == ddp.OpSendSEInvalidate {
 			stag := ddp.Untagged(h).InvalidateSTag()
@@ -374,23 +385,21 @@ func (q *QP) rxEnd() {
 			m.Invalidate()
 			c.Invalidated, c.HasInvalidated = stag, true
 		}
-		e.releaseAll()
-		q.rq.pop()
+		q.popRecv()
 		q.expSend++
 		q.push(q.cfg.RecvCQ, c)
 	case ddp.OpImmediateData, ddp.OpImmediateDataSE:
-		e := q.rq.at(0)
-		c := completion.Completion{ID: e.wr.ID, QPN: q.cfg.QPN, Opcode: completion.OpRecvImmediate,
+		e := q.rq.get(0)
+		c := completion.Completion{ID: e.id, QPN: q.cfg.QPN, Opcode: completion.OpRecvImmediate,
 			Solicited: op == ddp.OpImmediateDataSE}
 		copy(c.Immediate[:], r.hdr[r.hlen:r.need])
-		e.releaseAll()
-		q.rq.pop()
+		q.popRecv()
 		q.expSend++
 		q.push(q.cfg.RecvCQ, c)
 	case ddp.OpReadRequest, ddp.OpAtomicRequest:
 		q.expRead++
 	case ddp.OpAtomicResponse:
-		e := *q.orq.at(0)
+		e := q.orq.get(0)
 		rsp := ddp.AtomicResponse(r.hdr[r.hlen:r.need])
 		binary.NativeEndian.PutUint64(e.bufs[0], rsp.Value())
 		e.awaiting = false
@@ -419,7 +428,7 @@ func (q *QP) rxTerminate(t ddp.Terminate) {
 	err := &PeerTerminateError{Cause: cause}
 	// The oldest Read or atomic, if any, is what the peer refused.
 	if q.orq.len() > 0 {
-		e := *q.orq.at(0)
+		e := q.orq.get(0)
 		e.status = statusFor(cause)
 		e.err = err
 	}
@@ -466,7 +475,7 @@ func (q *QP) terminate(cause error) {
 	// A Read or atomic whose response broke the protocol fails with that.
 	if r.hlen > 0 && q.orq.len() > 0 && (ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpReadResponse ||
 		ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpAtomicResponse) {
-		e := *q.orq.at(0)
+		e := q.orq.get(0)
 		if e.status == completion.Success {
 			e.status = completion.BadResponse
 			e.err = te

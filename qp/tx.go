@@ -49,7 +49,7 @@ func (q *QP) sqReady() bool {
 	if q.txSQ >= q.sq.len() {
 		return false
 	}
-	e := q.sq.at(q.txSQ)
+	e := q.sq.get(q.txSQ)
 	if e.wr.Flags&Fence != 0 && e.sent == 0 && q.orq.len() > 0 {
 		return false
 	}
@@ -120,7 +120,7 @@ func chunk(bufs [][]byte, nsge, off, limit int) []byte {
 }
 
 func (q *QP) txSend(out []byte) ([]byte, bool) {
-	e := q.sq.at(q.txSQ)
+	e := q.sq.get(q.txSQ)
 	var hdr [maxHeader]byte
 	var ok bool
 	switch e.wr.Op {
@@ -171,16 +171,15 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 	case OpRead:
 		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpReadRequest, QN: ddp.QNReadRequest, MSN: q.readMSN})
 		ddp.ReadRequest(hdr[ddp.UntaggedHeaderLen:]).Encode(&ddp.ReadRequestFields{
-			SinkSTag: e.sgl[0].LKey, SinkTO: e.sgl[0].Addr, Size: uint32(e.total),
+			SinkSTag: e.sink.LKey, SinkTO: e.sink.Addr, Size: uint32(e.total),
 			SrcSTag: e.wr.RemoteSTag, SrcTO: e.wr.RemoteTO})
 		if out, ok = q.fpdu(out, hdr[:ddp.UntaggedHeaderLen+ddp.ReadRequestLen], nil); !ok {
 			return out, false
 		}
 		q.readMSN++
 		e.awaiting = true
-		e.readTO = e.sgl[0].Addr
-		*q.orq.slot() = e
-		q.orq.push()
+		e.readTO = e.sink.Addr
+		q.orq.add(e)
 		q.queued(e, len(out))
 	case OpFetchAdd, OpCmpSwap:
 		f := ddp.AtomicRequestFields{RequestID: uint32(q.readMSN), RemoteSTag: e.wr.RemoteSTag, RemoteTO: e.wr.RemoteTO,
@@ -197,8 +196,7 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 		}
 		q.readMSN++
 		e.awaiting = true
-		*q.orq.slot() = e
-		q.orq.push()
+		q.orq.add(e)
 		q.queued(e, len(out))
 	case OpLocalInvalidate:
 		m := q.cfg.Mem.Lookup(e.wr.InvalidateSTag)
@@ -222,7 +220,7 @@ func (q *QP) queued(e *sqe, after int) {
 }
 
 func (q *QP) txResponse(out []byte) ([]byte, bool) {
-	e := q.irq.at(0)
+	e := q.irq.get(0)
 	var hdr [maxHeader]byte
 	var ok bool
 	if e.atomic {
@@ -240,8 +238,7 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 		ddp.AtomicResponse(hdr[ddp.UntaggedHeaderLen:]).Encode(e.req.RequestID, orig)
 		out, _ = q.fpdu(out, hdr[:rspLen], nil)
 		q.atomicRspMSN++
-		e.release()
-		q.irq.pop()
+		q.popResponse()
 		return out, true
 	}
 	p := e.src[e.sent:]
@@ -253,8 +250,7 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 	}
 	e.sent += len(p)
 	if last {
-		e.release()
-		q.irq.pop()
+		q.popResponse()
 	}
 	return out, true
 }
