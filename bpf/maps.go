@@ -62,7 +62,7 @@ const flowValue uint32 = 0
 // AddListen makes SYNs (without ACK) to the local TCP port go to the AF_XDP
 // sockets. Adding a port twice is not an error.
 func (s *Steering) AddListen(port uint16) error {
-	return s.update("add listen port", func() error {
+	return s.update(func() string { return "add listen port" }, func() error {
 		return s.objs.ListenPorts.Put(netOrder(port), uint8(1))
 	})
 }
@@ -70,7 +70,7 @@ func (s *Steering) AddListen(port uint16) error {
 // RemoveListen stops steering SYNs to the port; connections already in
 // flows are not affected. A port that was not added gives ErrNotFound.
 func (s *Steering) RemoveListen(port uint16) error {
-	return s.update("remove listen port", func() error {
+	return s.update(func() string { return "remove listen port" }, func() error {
 		return notFound(s.objs.ListenPorts.Delete(netOrder(port)))
 	})
 }
@@ -82,7 +82,7 @@ func (s *Steering) AddFlow(f Flow) error {
 	if err != nil {
 		return fmt.Errorf("bpf: add flow: %w", err)
 	}
-	return s.update("add flow "+f.String(), func() error {
+	return s.update(func() string { return "add flow " + f.String() }, func() error {
 		return s.objs.Flows.Put(&k, flowValue)
 	})
 }
@@ -94,7 +94,7 @@ func (s *Steering) RemoveFlow(f Flow) error {
 	if err != nil {
 		return fmt.Errorf("bpf: remove flow: %w", err)
 	}
-	return s.update("remove flow "+f.String(), func() error {
+	return s.update(func() string { return "remove flow " + f.String() }, func() error {
 		return notFound(s.objs.Flows.Delete(&k))
 	})
 }
@@ -113,7 +113,7 @@ func (s *Steering) SetSocket(queue int, fd int) error {
 	if fd < 0 {
 		return fmt.Errorf("bpf: set socket: invalid fd %d", fd)
 	}
-	return s.update(fmt.Sprintf("set socket of queue %d", queue), func() error {
+	return s.update(func() string { return fmt.Sprintf("set socket of queue %d", queue) }, func() error {
 		return s.objs.Xsks.Put(uint32(queue), uint32(fd))
 	})
 }
@@ -125,7 +125,7 @@ func (s *Steering) ClearSocket(queue int) error {
 	if queue < 0 || queue >= MaxQueues {
 		return fmt.Errorf("bpf: clear socket: queue %d out of range 0..%d", queue, MaxQueues-1)
 	}
-	return s.update(fmt.Sprintf("clear socket of queue %d", queue), func() error {
+	return s.update(func() string { return fmt.Sprintf("clear socket of queue %d", queue) }, func() error {
 		err := s.objs.Xsks.Delete(uint32(queue))
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil
@@ -134,15 +134,17 @@ func (s *Steering) ClearSocket(queue int) error {
 	})
 }
 
-// update runs one map operation unless the Steering is closed.
-func (s *Steering) update(what string, op func() error) error {
+// update runs one map operation unless the Steering is closed; what
+// names it in an error, and is made only then (a flow's name is
+// formatting and an allocation on every connection's way in and out).
+func (s *Steering) update(what func() string, op func() error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return fmt.Errorf("bpf: %s: %w", what, ErrClosed)
+		return fmt.Errorf("bpf: %s: %w", what(), ErrClosed)
 	}
 	if err := op(); err != nil {
-		return fmt.Errorf("bpf: %s: %w", what, err)
+		return fmt.Errorf("bpf: %s: %w", what(), err)
 	}
 	return nil
 }

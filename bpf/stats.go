@@ -52,7 +52,7 @@ func (st *Stats) statOrder() []*uint64 {
 // set is not one atomic snapshot.
 func (s *Steering) Stats() (Stats, error) {
 	var st Stats
-	err := s.update("read stats", func() error {
+	err := s.update(func() string { return "read stats" }, func() error {
 		fields := st.statOrder()
 		if n := int(s.objs.Stats.MaxEntries()); n != len(fields) {
 			return fmt.Errorf("stats map has %d counters, Stats knows %d: steer.c and stats.go disagree", n, len(fields))

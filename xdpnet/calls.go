@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -31,12 +32,19 @@ type call struct {
 // (from a Handler or from fn).
 func (p *Poller) Do(fn func(s *tcp.Stack, now tcp.Time)) error {
 	c := call{fn: fn, done: make(chan struct{})}
+	// Counted before it is queued, so that the loop never sees the
+	// call before the count (see sleep).
+	p.callsQueued.Add(1)
 	select {
 	case p.calls <- c:
 	case <-p.quit:
+		p.callsQueued.Add(-1)
 		return ErrClosed
 	}
-	p.wake()
+	// A loop awake takes the call at its next turn; only a sleeping one
+	// needs the write (a system call per Do otherwise, for nothing while
+	// the loop spins).
+	p.Wake()
 	select {
 	case <-c.done:
 		return nil
@@ -121,41 +129,91 @@ func (p *Poller) CloseListener(port uint16) error {
 }
 
 // Connect opens a connection from the RNIC's address to remote with h as
-// its Handler: it resolves remote's link-layer address first (waiting up
-// to timeout), lets the kernel pick and reserve the local port, steers the
-// flow and sends the SYN. EventEstablished or EventClosed on h tells how
-// it went. Call it from another goroutine than the loop's.
+// its Handler: it is Dial with only a timeout.
 func (p *Poller) Connect(remote netip.AddrPort, h tcp.Handler, timeout time.Duration) (*tcp.Conn, error) {
+	return p.Dial(remote, h, DialOptions{Timeout: timeout})
+}
+
+// DialOptions are Dial's.
+type DialOptions struct {
+	// Timeout bounds the wait for the peer's link-layer address.
+	Timeout time.Duration
+	// Started, if set, is called once, from Dial's goroutine, when the
+	// connection holds what it needs of this host (its local port and
+	// its place in the steering program's flow table) or has failed to:
+	// with nil then, or with the error Dial returns. It
+	// comes before Dial waits for the peer's link-layer address, so a
+	// caller that answers its own before the peer does can tell a
+	// shortage here (ErrResources) at once.
+	Started func(error)
+}
+
+// Dial opens a connection from the RNIC's address to remote with h as its
+// Handler: it takes a local port (see portTable), resolves remote's
+// link-layer address (waiting up to o.Timeout), steers the flow and sends
+// the SYN. EventEstablished or EventClosed on h tells how it went. A host
+// limit (descriptors, ports, the flow table) fails it with ErrResources,
+// a peer the kernel routes elsewhere or that cannot be resolved with
+// ErrNoNeighbour. Call it from another goroutine than the loop's.
+func (p *Poller) Dial(remote netip.AddrPort, h tcp.Handler, o DialOptions) (c *tcp.Conn, err error) {
+	started := func(error) {}
+	if o.Started != nil {
+		var once sync.Once
+		started = func(err error) { once.Do(func() { o.Started(err) }) }
+		defer func() { started(err) }()
+	}
 	if !remote.Addr().Is4() {
 		return nil, fmt.Errorf("xdpnet: connect to %v: IPv4 only", remote)
 	}
-	deadline := time.Now().Add(timeout)
-	for {
-		var routed, ok bool
-		if err := p.Do(func(s *tcp.Stack, now tcp.Time) {
-			if _, routed = p.neigh.nextHop(now, remote.Addr()); routed {
-				_, ok = p.neigh.lookup(now, remote.Addr())
-			}
-		}); err != nil {
-			return nil, err
+	deadline := time.Now().Add(o.Timeout)
+	// held is the port claimed while the peer is being resolved, and
+	// given back if the connection never comes to use it.
+	var held uint16
+	defer func() {
+		if held != 0 {
+			port := held
+			_ = p.Do(func(*tcp.Stack, tcp.Time) { p.unclaim(port, remote) })
 		}
-		if !routed {
+	}()
+	for {
+		// One round trip to the loop when the neighbour is known, as
+		// it is for all but the first connection to a peer.
+		var route routeState
+		var resolved bool
+		if derr := p.Do(func(s *tcp.Stack, now tcp.Time) {
+			if _, route = p.neigh.nextHop(now, remote.Addr()); route == routed {
+				_, resolved = p.neigh.lookup(now, remote.Addr())
+			}
+			switch {
+			case resolved && held != 0:
+				c, err = p.connectFrom(now, held, remote, h)
+				held = 0 // connectFrom used or gave back the claim
+			case resolved:
+				c, err = p.connect(now, remote, h)
+			case route != notRouted && held == 0:
+				held, err = p.claim(remote)
+			}
+		}); derr != nil {
+			return nil, derr
+		}
+		if resolved || err != nil {
+			return c, err
+		}
+		if route == notRouted {
 			return nil, fmt.Errorf("xdpnet: connect to %v: %w: no route through %s", remote, ErrNoNeighbour, p.cfg.Interface)
 		}
-		if ok {
-			break
-		}
+		started(nil) // the port and the flow are held
+		// Unresolved, or the route could not be read just now (a
+		// netlink query that failed is asked again, not taken for an
+		// answer): wait for it within the timeout.
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("xdpnet: connect to %v: %w within %v", remote, ErrNoNeighbour, timeout)
+			if route == routeUnknown {
+				return nil, fmt.Errorf("xdpnet: connect to %v: %w: the route could not be read within %v", remote, ErrNoNeighbour, o.Timeout)
+			}
+			return nil, fmt.Errorf("xdpnet: connect to %v: %w within %v", remote, ErrNoNeighbour, o.Timeout)
 		}
 		time.Sleep(time.Millisecond)
 	}
-	var c *tcp.Conn
-	var err error
-	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) { c, err = p.connect(now, remote, h) }); derr != nil {
-		return nil, derr
-	}
-	return c, err
 }
 
 // Move carries the established connection id from p to another poller of
@@ -194,8 +252,9 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 			g.setMoving(id, false)
 			return
 		}
-		f = p.flows[id]
-		delete(p.flows, id)
+		if f = p.flows[id]; f != nil {
+			p.dropFlow(f)
+		}
 	}); derr != nil {
 		return derr
 	}
@@ -206,7 +265,7 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 		err = s.Adopt(c)
 		if err == nil {
 			if f != nil {
-				to.flows[id] = f
+				to.addFlow(f)
 			}
 			g.setOwner(id, to)
 			then(c)
@@ -221,9 +280,9 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 		// would answer them with resets.
 		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
 			if s.Adopt(c) == nil && f != nil {
-				p.flows[id] = f
+				p.addFlow(f)
 			} else if f != nil {
-				p.removeFlow(id, f)
+				p.removeFlow(f)
 			}
 			g.setMoving(id, false)
 		}); derr != nil {
@@ -251,13 +310,17 @@ type Source interface {
 	Awake()
 }
 
-// Doorbell returns a new descriptor of the eventfd the loop sleeps on: a
-// Source's producer that finds the need-wakeup flag up writes to it, and
-// the loop wakes without another thread in between.
+// Doorbell returns a new descriptor of the doorbell, an eventfd the loop
+// sleeps on: a Source's producer that finds the need-wakeup flag up writes
+// to it, and the loop wakes without another thread in between. Every epoll
+// instance that watches a descriptor of the doorbell (the Go runtime of a
+// process that wraps it in an os.File: it is non-blocking) makes each ring
+// and each read of it dearer by a callback: hand out one per application,
+// not one per ring.
 func (p *Poller) Doorbell() (*os.File, error) {
-	fd, err := unix.FcntlInt(uintptr(p.eventfd), unix.F_DUPFD_CLOEXEC, 0)
+	fd, err := unix.FcntlInt(uintptr(p.doorbell), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return nil, fmt.Errorf("xdpnet: doorbell: %w", err)
+		return nil, fmt.Errorf("xdpnet: doorbell: %w", resourceErr(err))
 	}
 	return os.NewFile(uintptr(fd), "softrnic-poller-doorbell"), nil
 }

@@ -28,6 +28,9 @@ type Group struct {
 	// dropped meanwhile, and TCP retransmits them.
 	moving  map[tcp.FourTuple]bool
 	pollers []*Poller
+	// ports are the local ports of the pollers' active connections
+	// (they serve one address), shared as their flows may move.
+	ports *portTable
 }
 
 // NewGroup returns an empty group.
@@ -94,6 +97,10 @@ func (h *handoff) drain(max int, fn func([]byte)) int {
 func (g *Group) join(p *Poller) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if g.ports == nil {
+		g.ports = newPortTable(p.cfg.Addr)
+	}
+	p.ports = g.ports
 	p.out = make(map[*Poller]*handoff)
 	for _, q := range g.pollers {
 		pq, qp := newHandoff(), newHandoff()

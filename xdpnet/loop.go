@@ -151,9 +151,13 @@ func (p *Poller) turn() (bool, error) {
 	p.stats.Turns++
 	p.beat.Store(p.stats.Turns)
 	work := false
-	for range 4 {
+	// All the calls queued, up to the channel's capacity: callers that
+	// queue many at once (a device destroying its QPs) each wait for
+	// a turn, and a turn's own work is not cheap.
+	for range cap(p.calls) {
 		select {
 		case c := <-p.calls:
+			p.callsQueued.Add(-1)
 			c.fn(p.stack, p.now())
 			// Do callers may read Stats next: publish first.
 			p.publishStats()
@@ -200,9 +204,10 @@ func (p *Poller) turn() (bool, error) {
 	return work, nil
 }
 
-// sleep waits in ppoll on the socket and the eventfd until a frame, a call
-// or the next timer; slept is false when work came first and it did not
-// wait. Run, which reads the clock around it, counts Stats.Slept.
+// sleep waits in ppoll on the socket and the eventfds until a frame, a
+// call, a doorbell or the next timer; slept is false when work came first
+// and it did not wait. Run, which reads the clock around it, counts
+// Stats.Slept.
 func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 	d := maxSleep
 	if t, ok := p.stack.NextTimer(); ok {
@@ -222,10 +227,10 @@ func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 	if len(p.calls) > 0 || d == 0 {
 		return false, nil
 	}
-	// Async callers and other pollers handing frames over look at
-	// sleeping after queueing: either they see it and wake us, or we see
-	// their work here. woken goes down first, so that this sleep gets
-	// its own wakeup.
+	// Do and Async callers and other pollers handing frames over look
+	// at sleeping after queueing: either they see it and wake us, or we
+	// see their work here. woken goes down first, so that this sleep
+	// gets its own wakeup.
 	p.woken.Store(false)
 	p.sleeping.Store(true)
 	defer p.sleeping.Store(false)
@@ -235,14 +240,15 @@ func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 			return false, nil
 		}
 	}
-	if p.asyncPending.Load() > 0 || p.handedWaiting() {
+	if p.callsQueued.Load() > 0 || p.asyncPending.Load() > 0 || p.handedWaiting() {
 		return false, nil
 	}
 	p.stats.Sleeps++
 	ts := unix.NsecToTimespec(int64(d))
-	fds := [2]unix.PollFd{
+	fds := [3]unix.PollFd{
 		{Fd: int32(p.sock.FD()), Events: unix.POLLIN},
 		{Fd: int32(p.eventfd), Events: unix.POLLIN},
+		{Fd: int32(p.doorbell), Events: unix.POLLIN},
 	}
 	_, err = unix.Ppoll(fds[:], &ts, nil)
 	if err != nil && !errors.Is(err, unix.EINTR) {
@@ -251,10 +257,14 @@ func (p *Poller) sleep(now tcp.Time) (slept bool, err error) {
 	if fds[0].Revents&(unix.POLLERR|unix.POLLNVAL) != 0 {
 		return true, fmt.Errorf("xdpnet: ppoll: socket revents %#x", fds[0].Revents)
 	}
+	var b [8]byte
 	if fds[1].Revents&unix.POLLIN != 0 {
 		p.stats.Wakeups++
-		var b [8]byte
 		_, _ = unix.Read(p.eventfd, b[:])
+	}
+	if fds[2].Revents&unix.POLLIN != 0 {
+		p.stats.Doorbells++
+		_, _ = unix.Read(p.doorbell, b[:])
 	}
 	return true, nil
 }
@@ -306,8 +316,8 @@ func (p *Poller) shutdown() {
 	for port := range p.listens {
 		p.closeListener(port)
 	}
-	for id, f := range p.flows {
-		p.removeFlow(id, f)
+	for len(p.flowList) > 0 {
+		p.removeFlow(p.flowList[len(p.flowList)-1])
 	}
 	p.publishStats()
 }

@@ -64,9 +64,22 @@ type neighbours struct {
 
 type route struct {
 	hop       netip.Addr
-	ok        bool     // a route through the interface exists
+	state     routeState
 	checkedAt tcp.Time // when the kernel was last asked
 }
+
+// routeState is what the kernel said of a route to a destination.
+type routeState uint8
+
+const (
+	// routeUnknown: the query failed (interrupted, timed out); it is
+	// asked again after retrigger, and means neither yes nor no.
+	routeUnknown routeState = iota
+	// routed: through the interface.
+	routed
+	// notRouted: through another interface, or unreachable.
+	notRouted
+)
 
 type neighbour struct {
 	mac       [6]byte
@@ -174,21 +187,45 @@ func (n *neighbours) forget() {
 
 // nextHop is where a segment to addr goes on the link: addr itself, or the
 // gateway of the kernel's route to it (RTM_GETROUTE), read again after
-// neighbourTTL or a route change. ok is false when the kernel routes addr
-// through another interface, or not at all.
-func (n *neighbours) nextHop(now tcp.Time, addr netip.Addr) (netip.Addr, bool) {
+// neighbourTTL or a route change. The state is notRouted when the kernel
+// routes addr through another interface, or not at all; routeUnknown when
+// it could not be asked just now. A failed query is not an answer: cached
+// for neighbourTTL as one, a netlink read cut short (under load the Go
+// runtime's preemption signal interrupts it) made every Connect to the
+// peer fail as unreachable for five seconds.
+func (n *neighbours) nextHop(now tcp.Time, addr netip.Addr) (netip.Addr, routeState) {
 	r := n.routes[addr]
 	if r == nil {
 		r = &route{}
 		n.routes[addr] = r
 	}
-	if r.checkedAt == 0 || now-r.checkedAt >= tcp.Time(neighbourTTL) {
+	again := tcp.Time(neighbourTTL)
+	if r.state == routeUnknown {
+		again = tcp.Time(retrigger)
+	}
+	if r.checkedAt == 0 || now-r.checkedAt >= again {
 		r.checkedAt = now
 		hop, oif, err := n.queryRoute(addr)
-		r.ok = err == nil && oif == n.ifindex
-		r.hop = hop
+		switch {
+		case err == nil && oif == n.ifindex:
+			r.hop, r.state = hop, routed
+		case err == nil || noRoute(err):
+			r.state = notRouted
+		case r.state == routed:
+			// Keep the route known while the kernel cannot be
+			// asked, as lookup keeps a known MAC.
+		default:
+			r.state = routeUnknown
+		}
 	}
-	return r.hop, r.ok
+	return r.hop, r.state
+}
+
+// noRoute reports whether a route query's error is the kernel's answer
+// that there is no route, rather than a failure to ask.
+func noRoute(err error) bool {
+	return errors.Is(err, unix.ENETUNREACH) || errors.Is(err, unix.EHOSTUNREACH) ||
+		errors.Is(err, unix.EACCES) || errors.Is(err, unix.EINVAL) || errors.Is(err, errNoRoutes)
 }
 
 // lookup returns the MAC to send to addr: its next hop's. Without a usable
@@ -197,8 +234,8 @@ func (n *neighbours) nextHop(now tcp.Time, addr netip.Addr) (netip.Addr, bool) {
 func (n *neighbours) lookup(now tcp.Time, addr netip.Addr) ([6]byte, bool) {
 	e := n.last
 	if addr != n.lastAddr || e == nil || now-n.lastAt >= tcp.Time(neighbourTTL) {
-		hop, ok := n.nextHop(now, addr)
-		if !ok {
+		hop, st := n.nextHop(now, addr)
+		if st != routed {
 			n.last = nil
 			return [6]byte{}, false
 		}
@@ -264,15 +301,24 @@ func (n *neighbours) query(addr netip.Addr) (mac [6]byte, ok bool, err error) {
 	return [6]byte(e.HardwareAddr), true, nil
 }
 
+// errNoRoutes: the kernel answered a route query with no route.
+var errNoRoutes = errors.New("no route")
+
 // queryRoute asks the kernel how it would send to addr (RTM_GETROUTE): the
 // next hop (the gateway, or addr on the link) and the output interface.
 func (n *neighbours) queryRoute(addr netip.Addr) (hop netip.Addr, oif int, err error) {
-	routes, err := n.handle.RouteGet(net.IP(addr.AsSlice()))
+	var routes []netlink.Route
+	// An interrupted read is asked again at once, a few times.
+	for range 3 {
+		if routes, err = n.handle.RouteGet(net.IP(addr.AsSlice())); !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
 	if err != nil {
-		return hop, 0, fmt.Errorf("xdpnet: no route to %v: %w", addr, err)
+		return hop, 0, fmt.Errorf("xdpnet: route to %v: %w", addr, err)
 	}
 	if len(routes) == 0 {
-		return hop, 0, fmt.Errorf("xdpnet: no route to %v", addr)
+		return hop, 0, fmt.Errorf("xdpnet: route to %v: %w", addr, errNoRoutes)
 	}
 	hop = addr
 	if gw := addrOf(routes[0].Gw); gw.IsValid() {

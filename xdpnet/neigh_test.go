@@ -81,8 +81,8 @@ func TestNeighboursFollowKernel(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
-	if hop, ok := n.nextHop(now, off); !ok || hop != tp.A.Addr.Addr() {
-		t.Fatalf("next hop of %v: %v %v, want the gateway %v", off, hop, ok, tp.A.Addr.Addr())
+	if hop, st := n.nextHop(now, off); st != routed || hop != tp.A.Addr.Addr() {
+		t.Fatalf("next hop of %v: %v %v, want the gateway %v", off, hop, st, tp.A.Addr.Addr())
 	}
 	if mac, ok := resolve(off); !ok || mac != macA {
 		t.Fatalf("MAC for %v: %x %v, want A's %x", off, mac, ok, macA)
@@ -105,8 +105,8 @@ func TestNeighboursFollowKernel(t *testing.T) {
 	// through this interface.
 	ip(t, tp.B, "route", "replace", "unreachable", "10.99.0.0/24")
 	followed("route change", func() bool {
-		_, ok := n.nextHop(now, off)
-		return !ok
+		_, st := n.nextHop(now, off)
+		return st == notRouted
 	})
 	if _, ok := lookup(off); ok {
 		t.Fatal("a MAC for an unreachable destination")

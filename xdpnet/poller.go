@@ -9,20 +9,31 @@
 // datapath: the Stack and its Handlers, the UMEM frames (two FreeLists: RX
 // frames for the fill ring, TX frames for Output), the four rings, the
 // neighbour cache, the flows and listen ports it registered with the
-// steering program and the kernel sockets that reserve their ports.
+// steering program and the kernel sockets that reserve the listen ports.
+// The local ports of its active connections are in a port table (ports.go)
+// that the pollers of a Group share under a mutex, since a flow may move
+// between them.
 //
 // Other goroutines reach the loop through the calls of calls.go. Do runs
 // a function on the loop and waits for it: the call goes on a bounded
-// channel and an eventfd wakes the loop if it sleeps. Listen,
-// CloseListener, Connect, Move, AddSource and RemoveSource are Do calls.
-// Async queues a function and returns at once. Handlers run on the loop
-// and must not call Do (it would wait for itself); they may call Async.
-// A Source (an application's rings in shared memory) is polled by the
-// loop itself, and its producer rings the Doorbell, the same eventfd,
-// only when the loop sleeps. The pollers of a Group hand each other the
-// frames of flows they do not own through single-producer rings
-// (group.go). The package itself starts goroutines only in napi.go
-// (StartNAPI, and NAPIControl in adaptive mode).
+// channel and an eventfd of the loop's own wakes the loop if it sleeps.
+// Listen, CloseListener, Connect, Dial, Move, AddSource and RemoveSource
+// are Do calls. Async queues a function and returns at once. Handlers run
+// on the loop and must not call Do (it would wait for itself); they may
+// call Async. A Source (an application's rings in shared memory) is polled
+// by the loop itself, and its producer rings the Doorbell, a second
+// eventfd the loop sleeps on, only when the loop sleeps. The two are apart
+// because a doorbell leaves the process: every epoll instance that watches
+// one of its descriptors (a Go program's runtime watches every
+// non-blocking descriptor it wraps in an os.File) sits on the eventfd's
+// wait queue, which each write and read walks. With a doorbell per
+// endpoint that made each wake-up cost as many callbacks as there were
+// endpoints: measured with 3,000 QPs, a third of the daemon's CPU went to
+// eventfd writes, and every connection set up or torn down paid for all
+// the others. The pollers of a Group hand each other the frames of flows
+// they do not own through single-producer rings (group.go). The package
+// itself starts goroutines only in napi.go (StartNAPI, and NAPIControl in
+// adaptive mode).
 //
 // One turn of the loop (loop.go): take Do calls; poll the Sources and run
 // the Async functions; drain up to a batch of the RX ring (Ethernet → IPv4
@@ -34,7 +45,7 @@
 // follow the kernel's neighbour and route changes, sweep the flows and
 // publish the Stats. While a turn finds work, and for a spin after the
 // last that did (adapting up to Config.Spin), the loop goes round again at
-// once; then it sleeps in ppoll(2) on the socket and the eventfd until a
+// once; then it sleeps in ppoll(2) on the socket and the eventfds until a
 // frame arrives, a call comes, or the next TCP timer is due. A 2-core host
 // cannot afford blind busy-polling: the kernel's softirq and the
 // applications need the core.
@@ -44,7 +55,7 @@
 // poller.go: Config, NewPoller, Close. loop.go: Run, the turn, sleeping
 // and spinning. calls.go: what other goroutines call. datapath.go: frames
 // between the rings and the Stack. ports.go: steering and port
-// reservations. neigh.go: neighbours and routes. group.go: the pollers of
+// reservations. limits.go: errors that name the host's limits. neigh.go: neighbours and routes. group.go: the pollers of
 // one interface. interface.go: what makes an interface usable. stats.go:
 // the counters. stall.go: the watchdog's side. napi.go: the kernel's NAPI
 // threading. The ethtool requests are internal/ethtool's.
@@ -55,15 +66,20 @@
 // to Config.Addr and the port, then listens on the Stack and adds the port
 // to the steering program's listen map. A SYN steered to a listened port
 // gets its 4-tuple added to the flow map before the Stack sees it, so the
-// rest of the handshake is steered too. Connect lets the kernel pick the
-// local port (bind to port 0 of a TCP socket, kept bound), adds the flow,
-// then connects the Stack from that port. A flow whose connection has left
-// the Stack (after TIME-WAIT, a reset or an abort) is removed from the map
-// and its reservation socket closed, by a sweep of the flows every
-// sweepInterval (100 ms); a passive flow whose connection never appeared
-// (a SYN answered with a cookie and no ACK) goes after synGrace.
-// Connections must be opened through the Poller's methods, not
-// Stack.Listen or Stack.Connect directly, or none of this happens.
+// rest of the handshake is steered too; passive connections hold no
+// descriptor of their own. Connect takes a local port from the port table
+// (one kernel socket bound to port 0, kept bound, per port however many
+// connections to different remote ends share it: see portTable), adds the
+// flow, then connects the Stack from that port. A flow whose connection
+// has left the Stack (after TIME-WAIT, a reset or an abort) is removed
+// from the map and its port released by the sweep, which every
+// sweepInterval (100 ms) looks at a bounded share of the flows; a passive
+// flow whose connection never appeared (a SYN answered with a cookie and
+// no ACK) goes after synGrace. Connections must be opened through the
+// Poller's methods, not Stack.Listen or Stack.Connect directly, or none of
+// this happens. When a limit of the host stops a Listen or a Connect
+// (descriptors, local ports, the flow table, kernel memory) the error
+// wraps ErrResources and names the limit.
 //
 // # Neighbours
 //
@@ -131,6 +147,10 @@ var (
 	ErrNoNeighbour = errors.New("xdpnet: neighbour not resolved")
 	// ErrGone: the connection to move is no longer there.
 	ErrGone = errors.New("xdpnet: connection gone")
+	// ErrResources: a limit of the host stopped the call — descriptors,
+	// kernel memory, local ports, the steering program's flow table; the
+	// error names the limit (see resourceErr).
+	ErrResources = errors.New("xdpnet: out of resources")
 )
 
 // Config describes a Poller.
@@ -191,10 +211,18 @@ type Poller struct {
 	umem     *xsk.UMEM
 	sock     *xsk.Socket
 	nsfd     int // the network namespace Run enters
+	// eventfd wakes the loop for Do, Async, Wake and frames handed
+	// over; it never leaves the Poller. doorbell is the eventfd whose
+	// descriptors Doorbell hands out.
 	eventfd  int
+	doorbell int
 	neigh    *neighbours
 
-	calls        chan call
+	calls chan call
+	// callsQueued counts Do calls queued or about to be, for the loop
+	// to see before it sleeps (sleep) what it would otherwise need an
+	// eventfd write for.
+	callsQueued  atomic.Int32
 	asyncMu      sync.Mutex
 	async        []func()     // Async functions waiting for the loop
 	asyncPending atomic.Int32 // len(async), read without asyncMu
@@ -228,12 +256,19 @@ type Poller struct {
 	more           bool   // Output may have more: TX frames or ring ran out
 	ipID           uint16
 	flows          map[tcp.FourTuple]*flow
+	flowList       []*flow // the flows, in sweep's order
+	sweepAt        int     // where the next sweep starts in flowList
+	ports          *portTable
 	sources        []Source
 	listens        map[uint16]*listen
 	lastSweep      tcp.Time
 	warnedChecksum bool
-	stats          Stats
-	statsShadow    atomic.Pointer[Stats] // published for Stats from other goroutines
+	// limitWarned is when warnLimit last warned, limitDrops what it
+	// counted since.
+	limitWarned tcp.Time
+	limitDrops  int
+	stats       Stats
+	statsShadow atomic.Pointer[Stats] // published for Stats from other goroutines
 	// received counts the frames taken from the RX ring (one atomic add
 	// per batch): Stats.RXFrames when published, FramesReceived live.
 	received atomic.Uint64
@@ -283,18 +318,19 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 		return nil, fmt.Errorf("xdpnet: %w", err)
 	}
 	p := &Poller{
-		cfg:     cfg,
-		ifindex: ifi.Index,
-		mac:     [6]byte(ifi.HardwareAddr),
-		mtu:     cfg.TCP.MTU,
-		nsfd:    -1,
-		eventfd: -1,
-		calls:   make(chan call, 16),
-		quit:    make(chan struct{}),
-		stopped: make(chan struct{}),
-		stack:   stack,
-		flows:   make(map[tcp.FourTuple]*flow),
-		listens: make(map[uint16]*listen),
+		cfg:      cfg,
+		ifindex:  ifi.Index,
+		mac:      [6]byte(ifi.HardwareAddr),
+		mtu:      cfg.TCP.MTU,
+		nsfd:     -1,
+		eventfd:  -1,
+		doorbell: -1,
+		calls:    make(chan call, 16),
+		quit:     make(chan struct{}),
+		stopped:  make(chan struct{}),
+		stack:    stack,
+		flows:    make(map[tcp.FourTuple]*flow),
+		listens:  make(map[uint16]*listen),
 	}
 	defer func() {
 		if err != nil {
@@ -307,7 +343,13 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	}
 	p.eventfd, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
 	if err != nil {
-		return nil, fmt.Errorf("xdpnet: eventfd: %w", err)
+		return nil, fmt.Errorf("xdpnet: eventfd: %w", resourceErr(err))
+	}
+	// Non-blocking as the wake eventfd: a client that drains it between
+	// the loop's ppoll and its read must not block the loop.
+	p.doorbell, err = unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("xdpnet: doorbell eventfd: %w", resourceErr(err))
 	}
 	if p.neigh, err = newNeighbours(ifi.Index); err != nil {
 		return nil, err
@@ -338,6 +380,8 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 	if cfg.Group != nil {
 		p.start = cfg.Group.start
 		cfg.Group.join(p)
+	} else {
+		p.ports = newPortTable(cfg.Addr)
 	}
 	p.steering = cfg.Steering
 	if p.steering == nil {
@@ -418,7 +462,12 @@ func (p *Poller) release() error {
 	if p.neigh != nil {
 		p.neigh.close()
 	}
-	for _, fd := range []int{p.eventfd, p.nsfd} {
+	// A Group's table is released by its pollers' shutdowns, flow by
+	// flow; a table of the Poller's own goes whole.
+	if p.ports != nil && p.cfg.Group == nil {
+		p.ports.closeAll()
+	}
+	for _, fd := range []int{p.eventfd, p.doorbell, p.nsfd} {
 		if fd >= 0 {
 			errs = append(errs, unix.Close(fd))
 		}

@@ -31,9 +31,10 @@ type Stats struct {
 	// to this poller after it had moved on to another.
 	HandedOff, HandoffDrops, MovingDrops uint64
 	// Sleeps: times the loop slept in ppoll, for Slept in all; Wakeups
-	// by eventfd; Turns of the loop.
-	Sleeps, Wakeups, Turns uint64
-	Slept                  time.Duration
+	// by the loop's own eventfd (Do, Async, frames handed over);
+	// Doorbells: wake-ups by the doorbell; Turns of the loop.
+	Sleeps, Wakeups, Doorbells, Turns uint64
+	Slept                             time.Duration
 	// YieldBackoffs: spins that stopped yielding the CPU after a yield
 	// that did not come back soon (see yield).
 	YieldBackoffs uint64
@@ -43,6 +44,9 @@ type Stats struct {
 	Stalls uint64
 	// Flows and Listens currently registered with the steering program.
 	Flows, Listens int
+	// Ports: local ports held for active connections, each by one
+	// kernel socket (shared by the pollers of a Group: see portTable).
+	Ports int
 	// ImpairRX and ImpairTX count what the impaired link did.
 	ImpairRX, ImpairTX impair.Stats
 	// Stack is the Stack's own counters.
@@ -75,6 +79,9 @@ func (p *Poller) publishStats() {
 	st.Stack = p.stack.Stats
 	st.BadTCPChecksum = p.stack.Stats.BadChecksum
 	st.Flows, st.Listens = len(p.flows), len(p.listens)
+	if p.ports != nil {
+		st.Ports = p.ports.held()
+	}
 	if p.rxStage != nil {
 		st.ImpairRX = p.rxStage.Stats
 	}
