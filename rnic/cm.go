@@ -7,6 +7,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/ddp"
@@ -36,12 +37,39 @@ type ConnectOptions struct {
 	Timeout time.Duration
 	// Dialer lets tests bind a source address.
 	Dialer *net.Dialer
+	// Started, if set, is called once, as soon as Connect has taken what
+	// the connection needs of this host — on the xdp datapath its local
+	// port, before it waits for the peer's link-layer address; on the
+	// kernel datapath its socket, before it connects — with nil, or with
+	// the error that stopped it before: ErrResources when a limit of the
+	// host did (the error names it), ErrInvalidParam, ErrState,
+	// ErrUnreachable with no route. A consumer that answers its own
+	// caller before the peer answers (the daemon's Connect request, which
+	// DAT answers INSUFFICIENT_RESOURCES when the provider runs short)
+	// waits for it; it comes without waiting on the network. It must not
+	// block.
+	Started func(error)
 }
 
 // Connect establishes the QP's connection to raddr (host:port): TCP, then
 // the MPA Request and Reply, then RTS. The peer's private data is in the
-// Established event, and returned.
-func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]byte, error) {
+// Established event, and returned. A failure of this host rather than of
+// the peer or the path to it — out of descriptors, local ports, the
+// steering program's flow table — wraps ErrResources and names the limit.
+func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) (_ []byte, err error) {
+	started := func(error) {}
+	if opts.Started != nil {
+		var once sync.Once
+		started = func(err error) {
+			once.Do(func() {
+				if errors.Is(err, xdpnet.ErrNoNeighbour) {
+					err = fmt.Errorf("%w: %w", ErrUnreachable, err)
+				}
+				opts.Started(resourceError(err))
+			})
+		}
+		defer func() { started(err) }() // a failure before the start
+	}
 	q.mu.Lock()
 	busy := q.busyLocked()
 	q.unlock()
@@ -58,10 +86,52 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) ([]
 	if _, err := cfg.Request(); err != nil {
 		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
 	}
+	var pd []byte
 	if q.dev.xdp != nil {
-		return q.connectEngine(ctx, raddr, cfg, timeout)
+		pd, err = q.connectEngine(ctx, raddr, cfg, timeout, started)
+	} else {
+		pd, err = q.connectKernel(ctx, raddr, cfg, startedDialer(opts.Dialer, started))
 	}
-	return q.connectKernel(ctx, raddr, cfg, opts.Dialer)
+	return pd, resourceError(err)
+}
+
+// startedDialer is d (or a new Dialer) calling started once the socket
+// exists: the kernel calls Control after creating it, before connecting.
+func startedDialer(d *net.Dialer, started func(error)) *net.Dialer {
+	var sd net.Dialer
+	if d != nil {
+		sd = *d
+	}
+	control := sd.Control
+	sd.Control = func(network, address string, c syscall.RawConn) error {
+		var err error
+		if control != nil {
+			err = control(network, address, c)
+		}
+		if err == nil {
+			started(nil)
+		}
+		return err
+	}
+	return &sd
+}
+
+// resourceError is err, wrapping ErrResources with the limit it names when
+// a limit of this host caused it (xdpnet's ErrResources, or the errno of a
+// socket, accept or bind that ran out of descriptors or memory), for
+// errors.Is(err, ErrResources): such a failure is neither the peer's
+// answer nor the path's, and must not reach the consumer as one.
+func resourceError(err error) error {
+	if err == nil || errors.Is(err, ErrResources) {
+		return err
+	}
+	if errors.Is(err, xdpnet.ErrResources) {
+		return fmt.Errorf("%w: %w", ErrResources, err)
+	}
+	if lim := xdpnet.ResourceError(err); errors.Is(lim, xdpnet.ErrResources) {
+		return fmt.Errorf("%w: %w", ErrResources, lim)
+	}
+	return err
 }
 
 func clone(b []byte) []byte {
@@ -114,12 +184,20 @@ func rejectWire(req *mpa.Frame, private []byte) []byte {
 // ListenOptions configure a Listener.
 type ListenOptions struct {
 	// Backlog bounds connection requests waiting for Accept; more are
-	// rejected. Default 128.
+	// rejected. Default DefaultBacklog.
 	Backlog int
 	// RequestTimeout bounds the wait for a new connection's MPA Request,
 	// and then for the consumer to accept or reject it.
 	RequestTimeout time.Duration
 }
+
+// DefaultBacklog is ListenOptions.Backlog's default, Linux's SOMAXCONN
+// since 5.4. A request beyond it is rejected, and its initiator sees what
+// looks like the peer's rejection: with 128, a client that opened 1,000
+// connections at once had 15 of them rejected whenever the consumer's
+// accepting goroutine lost the CPU to the pollers for a moment. A request
+// waiting costs a pointer here.
+const DefaultBacklog = 4096
 
 // Listener is a passive endpoint on a TCP port.
 type Listener struct {
@@ -140,20 +218,50 @@ type Listener struct {
 	// has not come, for Close to reset them at once.
 	startMu  sync.Mutex
 	starting map[*kernelConn]struct{}
+	// failMu guards what acceptFailed counts between two warnings.
+	failMu     sync.Mutex
+	failWarned time.Time
+	failCount  int
+}
+
+// acceptWarnEvery spaces the warnings of acceptFailed.
+const acceptWarnEvery = 10 * time.Second
+
+// acceptFailed tells the operator, through the device's warnings, that a
+// peer's connection could not be taken (the kernel datapath's accept ran
+// out of descriptors): nobody else hears of it, and the peer only sees
+// its request unanswered. At most one warning per acceptWarnEvery, with
+// the number since the last.
+func (l *Listener) acceptFailed(err error) {
+	l.failMu.Lock()
+	l.failCount++
+	now := time.Now()
+	if !l.failWarned.IsZero() && now.Sub(l.failWarned) < acceptWarnEvery {
+		l.failMu.Unlock()
+		return
+	}
+	n := l.failCount
+	l.failWarned, l.failCount = now, 0
+	l.failMu.Unlock()
+	l.dev.warnf("listener %v: %d connection requests not taken: %v", l.Addr(), n, resourceError(err))
 }
 
 // Listen starts accepting connection requests on addr (host:port).
 func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 	if opts.Backlog <= 0 {
-		opts.Backlog = 128
+		opts.Backlog = DefaultBacklog
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultMPATimeout
 	}
+	var l *Listener
+	var err error
 	if d.xdp != nil {
-		return d.listenEngine(addr, opts)
+		l, err = d.listenEngine(addr, opts)
+	} else {
+		l, err = d.listenKernel(addr, opts)
 	}
-	return d.listenKernel(addr, opts)
+	return l, resourceError(err)
 }
 
 // Addr is the listening address.

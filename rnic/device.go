@@ -112,6 +112,23 @@ type Device struct {
 	stags stagTable
 	// xdp is the accelerated datapath; nil on the kernel datapath.
 	xdp *xdpPath
+	// warn receives what the device must tell the operator because no
+	// caller hears it (SetWarn; XDPOptions.Warn).
+	warn atomic.Pointer[func(msg string)]
+}
+
+// SetWarn makes f receive the device's warnings for the operator: what
+// fails where no caller hears it, such as a peer's connection request lost
+// to a limit of this host (descriptors: the kernel datapath's accept). f
+// must not block. On the accelerated datapath XDPOptions.Warn is the
+// default.
+func (d *Device) SetWarn(f func(msg string)) { d.warn.Store(&f) }
+
+// warnf gives the operator a warning, if anyone listens.
+func (d *Device) warnf(format string, args ...any) {
+	if f := d.warn.Load(); f != nil && *f != nil {
+		(*f)(fmt.Sprintf(format, args...))
+	}
 }
 
 // Open returns a new device.
@@ -132,9 +149,7 @@ func (d *Device) Close() error {
 		qps = append(qps, q)
 	}
 	d.mu.Unlock()
-	for _, q := range qps {
-		q.Destroy()
-	}
+	DestroyQPs(qps)
 	if d.xdp != nil {
 		// Aborted connections send their RSTs before the loops stop.
 		for _, p := range d.xdp.pollers {
@@ -143,6 +158,42 @@ func (d *Device) Close() error {
 		d.xdp.close()
 	}
 	return nil
+}
+
+// destroyWorkers bounds the Destroys DestroyQPs runs at once.
+const destroyWorkers = 64
+
+// DestroyQPs destroys every QP of qps as Destroy does, several at a time:
+// it returns when all are destroyed. On the accelerated datapath each
+// Destroy waits for its poller to let go of the connection, a round trip
+// to the poller's loop: one after the other, 9,000 live QPs took 1.6 s
+// (about 180 µs each), and a daemon closing a session of 10,000 1.3 s,
+// while concurrent ones share the loop's turns (10,000 in 34 ms). A
+// consumer that ends many QPs at once (a session that closes, a daemon
+// that stops) calls this rather than Destroy in a loop.
+func DestroyQPs(qps []*QP) {
+	if len(qps) <= 1 {
+		for _, q := range qps {
+			q.Destroy()
+		}
+		return
+	}
+	next := make(chan *QP)
+	var wg sync.WaitGroup
+	for range min(len(qps), destroyWorkers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for q := range next {
+				q.Destroy()
+			}
+		}()
+	}
+	for _, q := range qps {
+		next <- q
+	}
+	close(next)
+	wg.Wait()
 }
 
 // PD is a protection domain.

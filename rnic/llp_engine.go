@@ -36,20 +36,24 @@ type engineConn struct {
 	q *QP
 	// conn is the TCP connection, set on the loop.
 	conn *tcp.Conn
-	// queued: a kick is queued on the poller.
-	queued atomic.Bool
 	// result receives the outcome of an active open, once.
 	result chan error
-	// req is the passive connection's request while it waits.
-	req *ConnRequest
-	id  tcp.FourTuple
+	// req is the passive connection's request while it waits (until
+	// the QP takes the connection). reqTimer bounds the wait for the
+	// MPA Request; it is stopped when the Request comes, so that a
+	// connection that closes later is not held until it fires.
+	req      *ConnRequest
+	reqTimer *time.Timer
+	id       tcp.FourTuple
+	// serveFn is serve, made once: a method value per kick would be an
+	// allocation per posted work request.
+	serveFn func()
+	// queued: a kick is queued on the poller.
+	queued atomic.Bool
 	// dead: the QP let go of the connection (Reset, Destroy); its
 	// callbacks do nothing more. tcpUp: the TCP handshake completed.
 	// Loop-owned.
 	dead, tcpUp bool
-	// serveFn is serve, made once: a method value per kick would be an
-	// allocation per posted work request.
-	serveFn func()
 }
 
 // newEngineConn makes the connection state for a QP (q nil while a passive
@@ -80,11 +84,20 @@ func (ec *engineConn) noteCPU() {
 	}
 }
 
-// discard is the Handler of a connection whose QP let go of it.
-type discard struct{}
+// orphan is the Handler of a connection whose QP let go of it: it takes
+// what arrives and nothing else, and when the connection ends it stops the
+// timer that bounds the orphan's close (detach), which would otherwise
+// hold the connection for orphanTimeout after it is gone.
+type orphan struct{ timer *time.Timer }
 
-func (discard) Receive(c *tcp.Conn, b []byte) int { return len(b) }
-func (discard) Event(*tcp.Conn, tcp.Event)        {}
+func (*orphan) Receive(c *tcp.Conn, b []byte) int { return len(b) }
+
+func (o *orphan) Event(_ *tcp.Conn, ev tcp.Event) {
+	if ev == tcp.EventClosed && o.timer != nil {
+		o.timer.Stop()
+		o.timer = nil
+	}
+}
 
 // detach lets go of the connection on the loop, resetting it if abort;
 // otherwise the TCP engine finishes the close alone: our FIN, queued now if
@@ -100,14 +113,18 @@ func (ec *engineConn) detach(abort bool) {
 		if c == nil {
 			return
 		}
-		c.SetHandler(discard{})
+		o := &orphan{}
+		c.SetHandler(o)
 		if abort || c.State() == tcp.StateTimeWait {
 			c.Abort()
 			return
 		}
 		c.Close()
+		if c.State() == tcp.StateClosed {
+			return
+		}
 		p := ec.poller()
-		time.AfterFunc(orphanTimeout, func() {
+		o.timer = time.AfterFunc(orphanTimeout, func() {
 			p.Async(func() {
 				if c.State() != tcp.StateClosed {
 					c.Abort()
@@ -263,7 +280,7 @@ func (ec *engineConn) serve() {
 // connectEngine is Connect on the accelerated datapath: the TCP engine of
 // the QP's poller opens the connection and MPA startup runs in its
 // callbacks; ctx carries Connect's deadline, timeout.
-func (q *QP) connectEngine(ctx context.Context, raddr string, cfg mpa.Config, timeout time.Duration) ([]byte, error) {
+func (q *QP) connectEngine(ctx context.Context, raddr string, cfg mpa.Config, timeout time.Duration, started func(error)) ([]byte, error) {
 	ap, err := netip.ParseAddrPort(raddr)
 	if err != nil || !ap.Addr().Is4() {
 		return nil, fmt.Errorf("connect %s: want IPv4 host:port: %w", raddr, ErrInvalidParam)
@@ -280,7 +297,7 @@ func (q *QP) connectEngine(ctx context.Context, raddr string, cfg mpa.Config, ti
 		q.letGo(ec)
 		return nil, err
 	}
-	c, err := p.Connect(ap, ec, timeout)
+	c, err := p.Dial(ap, ec, xdpnet.DialOptions{Timeout: timeout, Started: started})
 	if err != nil {
 		if errors.Is(err, xdpnet.ErrNoNeighbour) {
 			return fail(fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err))
@@ -381,7 +398,7 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 	}
 	el.starting[ec] = struct{}{}
 	// The Request must come within RequestTimeout.
-	time.AfterFunc(l.opts.RequestTimeout, func() {
+	ec.reqTimer = time.AfterFunc(l.opts.RequestTimeout, func() {
 		l.p.Async(func() {
 			delete(el.starting, ec)
 			if ec.awaitingRequest() {
@@ -396,6 +413,10 @@ func (el *engineListener) Event(c *tcp.Conn, ev tcp.Event) {
 func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
 	if l.el != nil {
 		delete(l.el.starting, ec)
+	}
+	if ec.reqTimer != nil {
+		ec.reqTimer.Stop()
+		ec.reqTimer = nil
 	}
 	id := ec.id
 	cr := &ConnRequest{l: l, ec: ec, PrivateData: clone(f.PrivateData),
@@ -464,6 +485,7 @@ func (ec *engineConn) adopt(q *QP, cfg mpa.Config, c *tcp.Conn, gone bool) error
 		return err
 	}
 	q.conn = ec
+	ec.req = nil // answered: the request is not the connection's to hold
 	// A Disconnect during the accept found no connection to kick.
 	abort := q.abort
 	q.unlock()

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -29,11 +30,21 @@ import (
 // for the purpose, that waits for room and carries on until nothing is
 // left.
 //
+// The receive goroutine exists while the connection is in use. Once MPA
+// startup is over, a read that has waited kernelIdleAfter for anything to
+// arrive hands the socket to the idle set (idleSet: one epoll set for
+// every idle connection of the process) and the goroutine ends: an idle QP
+// holds no goroutine stack (issue 16). The idle set starts a receive
+// goroutine again when the socket becomes readable (data, the peer's FIN,
+// a reset), and closing the socket (closeSocket) does, so that every end
+// of the connection still goes through the receive goroutine's ended.
+//
 // Locks: mu guards the MPA layer and the transmit state; a connection with
 // a QP takes q.mu inside it for every call into the MPA layer, so the
 // order is mu, then q.mu, and nothing holding q.mu takes mu. No lock is
 // held across a system call that can block, and events the QP posts under
-// q.mu are delivered after both are released.
+// q.mu are delivered after both are released. The idle set's lock is taken
+// inside mu, and mu never inside it.
 type kernelConn struct {
 	nc *net.TCPConn
 	rc syscall.RawConn
@@ -66,7 +77,21 @@ type kernelConn struct {
 	// pollMisses counts the polling runs in a row that found nothing
 	// (poll); the receive goroutine's.
 	pollMisses uint
+	// idleOK: MPA startup is over and its read deadline gone, so a read
+	// deadline is the idle timer's (see read). idleAt is the deadline
+	// set last; the receive goroutine's. idleID names the connection in
+	// the idle set while it is there (idle's lock).
+	idleOK atomic.Bool
+	idleAt time.Time
+	idleID uint32
 }
+
+// kernelIdleAfter is how long a receive goroutine waits for something to
+// read before it hands its socket to the idle set. Going there and back
+// costs two epoll_ctl calls and a goroutine start, a few microseconds,
+// against the 2 to 8 KiB of stack it saves; a second keeps that cost to
+// connections quieter than one message a second.
+const kernelIdleAfter = time.Second
 
 // ioBufs are the connections' receive and transmit buffers: a connection
 // holds one only while it reads or has something to write.
@@ -118,7 +143,21 @@ func (kc *kernelConn) Abort() {
 		kc.err = tcp.ErrAborted
 	}
 	_ = kc.nc.SetLinger(0)
+	kc.closeSocket()
+}
+
+// closeSocket closes the socket; a receive goroutine that parked (see
+// park) runs again to see it closed and end the connection. kc.mu held.
+func (kc *kernelConn) closeSocket() {
+	kc.closed = true
+	parked := idle.remove(kc)
+	if parked {
+		kc.unpark()
+	}
 	_ = kc.nc.Close()
+	if parked {
+		go kc.receive()
+	}
 }
 
 var _ stream = (*kernelConn)(nil)
@@ -154,8 +193,10 @@ func (kc *kernelConn) start() {
 	go kc.receive()
 }
 
+// receive is the receive goroutine: started with the connection (loops
+// counts it from then until the connection's end) and again each time the
+// connection leaves the idle set.
 func (kc *kernelConn) receive() {
-	defer kc.loops.Done()
 	for {
 		bp, n, err := kc.read()
 		if n > 0 {
@@ -179,15 +220,54 @@ func (kc *kernelConn) receive() {
 		if bp != nil {
 			ioBufs.Put(bp)
 		}
+		if err != nil && kc.idleOK.Load() && isTimeout(err) {
+			// Nothing arrived for kernelIdleAfter (or the deadline
+			// passed while octets were being handled: then they
+			// are read at once).
+			if !kc.readable() && kc.park() {
+				return // the idle set runs receive again
+			}
+			kc.idleAt = time.Time{}
+			_ = kc.nc.SetReadDeadline(time.Time{})
+			continue
+		}
 		if err != nil {
 			kc.ended(err)
+			kc.loops.Done()
 			return
 		}
 	}
 }
 
+// park puts the socket in the idle set, which runs receive again when it
+// is readable; false if the socket is closed or the set refused it (the
+// caller goes on reading).
+func (kc *kernelConn) park() bool {
+	kc.mu.Lock()
+	defer kc.mu.Unlock()
+	if kc.closed {
+		return false
+	}
+	if err := idle.add(kc); err != nil {
+		kc.idleOK.Store(false) // a goroutine per connection, as before
+		return false
+	}
+	return true
+}
+
+// unpark takes the socket out of the epoll set and its expired idle
+// deadline off, for a receive goroutine to start; the caller took the
+// connection out of the idle set.
+func (kc *kernelConn) unpark() {
+	_ = kc.rc.Control(func(fd uintptr) { idle.forget(int(fd)) })
+	kc.idleAt = time.Time{}
+	_ = kc.nc.SetReadDeadline(time.Time{})
+}
+
 // read waits for the socket to be readable and reads what it has into a
-// pooled buffer taken only then: an idle connection holds none.
+// pooled buffer taken only then: an idle connection holds none. After MPA
+// startup, the wait is bounded by the idle deadline (kernelIdleAfter),
+// moved on when less than half of it is left rather than at every wait.
 func (kc *kernelConn) read() (bp *[]byte, n int, err error) {
 	var rerr error
 	err = kc.rc.Read(func(fd uintptr) bool {
@@ -198,6 +278,12 @@ func (kc *kernelConn) read() (bp *[]byte, n int, err error) {
 		if rerr == unix.EAGAIN || rerr == unix.EINTR {
 			ioBufs.Put(bp) // not held while waiting
 			bp = nil
+			if kc.idleOK.Load() {
+				if now := time.Now(); kc.idleAt.Sub(now) < kernelIdleAfter/2 {
+					kc.idleAt = now.Add(kernelIdleAfter)
+					_ = kc.nc.SetReadDeadline(kc.idleAt)
+				}
+			}
 			return false
 		}
 		return true
@@ -308,8 +394,7 @@ func (kc *kernelConn) ended(err error) {
 	kc.rxDone = true
 	closeNow := kc.finSent || q == nil && kc.llp.Err != nil
 	if closeNow && !kc.closed {
-		kc.closed = true
-		_ = kc.nc.Close()
+		kc.closeSocket()
 	}
 	if kc.req != nil {
 		// The peer left while the consumer decided: the answer fails.
@@ -493,10 +578,17 @@ func (kc *kernelConn) sendFIN() {
 	_ = kc.nc.CloseWrite()
 	q := kc.lock()
 	if (kc.rxDone || q == nil) && !kc.closed {
-		kc.closed = true
-		_ = kc.nc.Close()
+		kc.closeSocket()
 	}
 	kc.unlock(q)
+}
+
+// idleNow ends MPA startup's read deadline: from now on the deadline is
+// the idle timer's, and the read waiting now (the startup deadline's, or
+// none) gets it too. kc.mu held.
+func (kc *kernelConn) idleNow() {
+	kc.idleOK.Store(true)
+	_ = kc.nc.SetReadDeadline(time.Now().Add(kernelIdleAfter))
 }
 
 func (kc *kernelConn) release(abort bool) {
@@ -521,6 +613,12 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 		// a moment before the context itself says so.
 		if ctx.Err() != nil || isTimeout(err) {
 			return nil, fmt.Errorf("connect %s: %w", raddr, ErrTimedOut)
+		}
+		// Out of descriptors or local ports is this host's failure,
+		// not the path's: it must not reach the consumer as
+		// UNREACHABLE.
+		if lim := resourceError(err); errors.Is(lim, ErrResources) {
+			return nil, fmt.Errorf("connect %s: %w", raddr, lim)
 		}
 		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
 	}
@@ -580,7 +678,7 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 	if err == nil {
 		kc.mu.Lock()
 		if !kc.closed {
-			_ = tc.SetReadDeadline(time.Time{})
+			kc.idleNow()
 		}
 		kc.mu.Unlock()
 		time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
@@ -627,6 +725,7 @@ func (l *Listener) acceptLoop() {
 				return
 			default:
 			}
+			l.acceptFailed(err)               // the operator hears of it
 			time.Sleep(10 * time.Millisecond) // e.g. EMFILE: do not spin
 			continue
 		}
@@ -723,6 +822,7 @@ func (cr *ConnRequest) acceptKernel(q *QP, private []byte) error {
 	} else {
 		q.conn = kc
 		kc.req = nil
+		kc.idleNow()
 	}
 	kc.mu.Unlock()
 	q.unlock()
@@ -741,4 +841,149 @@ func (cr *ConnRequest) rejectKernel(private []byte) error {
 	kc.mu.Unlock()
 	kc.kick()
 	return nil
+}
+
+// idleSet holds the sockets of kernel connections whose receive goroutine
+// parked: one epoll set for the process, and one goroutine, running while
+// the set is not empty, that waits on it and runs a connection's receive
+// goroutine again when its socket is readable. Each socket is in the epoll
+// set once (EPOLLONESHOT), under the number of its entry in conns; number
+// 0 is an eventfd that wakes the goroutine to end when the set empties.
+type idleSet struct {
+	once sync.Once
+	err  error
+	epfd int
+	wake int
+	// mu guards conns, next and running; taken inside a connection's
+	// mu, never the other way.
+	mu      sync.Mutex
+	conns   map[uint32]*kernelConn
+	next    uint32
+	running bool
+}
+
+var idle idleSet
+
+// open makes the epoll set and the eventfd, once.
+func (w *idleSet) open() error {
+	w.once.Do(func() {
+		if w.epfd, w.err = unix.EpollCreate1(unix.EPOLL_CLOEXEC); w.err != nil {
+			w.err = os.NewSyscallError("epoll_create1", w.err)
+			return
+		}
+		if w.wake, w.err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); w.err != nil {
+			w.err = os.NewSyscallError("eventfd", w.err)
+			return
+		}
+		ev := unix.EpollEvent{Events: unix.EPOLLIN}
+		if err := unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, w.wake, &ev); err != nil {
+			w.err = os.NewSyscallError("epoll_ctl", err)
+			return
+		}
+		w.conns = map[uint32]*kernelConn{}
+	})
+	return w.err
+}
+
+// add puts kc's socket in the set; kc.mu held. A socket already readable
+// is reported at once: nothing that arrived before is missed.
+func (w *idleSet) add(kc *kernelConn) error {
+	if err := w.open(); err != nil {
+		return err
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		w.next++
+		if w.next != 0 && w.conns[w.next] == nil {
+			break
+		}
+	}
+	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(w.next)}
+	var cerr error
+	if err := kc.rc.Control(func(fd uintptr) { cerr = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_ADD, int(fd), &ev) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return os.NewSyscallError("epoll_ctl", cerr)
+	}
+	kc.idleID = w.next
+	w.conns[w.next] = kc
+	if !w.running {
+		w.running = true
+		go w.run()
+	}
+	return nil
+}
+
+// remove takes kc out of the set if it is there, and reports whether it
+// was: the caller then runs its receive goroutine. kc.mu held.
+func (w *idleSet) remove(kc *kernelConn) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if kc.idleID == 0 || w.conns[kc.idleID] != kc {
+		return false
+	}
+	delete(w.conns, kc.idleID)
+	kc.idleID = 0
+	if len(w.conns) == 0 && w.running {
+		var one [8]byte
+		one[0] = 1
+		_, _ = unix.Write(w.wake, one[:]) // the goroutine ends
+	}
+	return true
+}
+
+// forget takes a socket out of the epoll set (it stays there, disarmed,
+// after its event).
+func (w *idleSet) forget(fd int) { _ = unix.EpollCtl(w.epfd, unix.EPOLL_CTL_DEL, fd, nil) }
+
+// run waits for the set's sockets to become readable and runs their
+// receive goroutines again; it ends when the set is empty.
+func (w *idleSet) run() {
+	var evs [64]unix.EpollEvent
+	var woken []*kernelConn
+	for {
+		n, err := unix.EpollWait(w.epfd, evs[:], -1)
+		if err == unix.EINTR {
+			continue
+		}
+		woken = woken[:0]
+		w.mu.Lock()
+		if err != nil {
+			// The set is unusable: every parked connection goes back
+			// to a goroutine of its own.
+			for id, kc := range w.conns {
+				delete(w.conns, id)
+				kc.idleID = 0
+				woken = append(woken, kc)
+			}
+		}
+		for _, ev := range evs[:max(n, 0)] {
+			id := uint32(ev.Fd)
+			if id == 0 {
+				var b [8]byte
+				_, _ = unix.Read(w.wake, b[:])
+				continue
+			}
+			if kc := w.conns[id]; kc != nil {
+				delete(w.conns, id)
+				kc.idleID = 0
+				woken = append(woken, kc)
+			}
+		}
+		stop := len(w.conns) == 0
+		if stop {
+			w.running = false
+		}
+		w.mu.Unlock()
+		for i, kc := range woken {
+			kc.unpark()
+			go kc.receive()
+			woken[i] = nil
+		}
+		if stop {
+			return
+		}
+	}
 }

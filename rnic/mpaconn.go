@@ -38,19 +38,14 @@ var _ stream = (*tcp.Conn)(nil)
 // the engine connection on its poller, the kernel connection under its
 // mutex; with the QP's mutex too once there is a QP.
 type mpaConn struct {
-	qp        *qp.QP
-	cfg       mpa.Config
-	initiator bool
-	// ready: MPA startup is done and the QP is in RTS.
-	ready bool
+	qp  *qp.QP
+	cfg mpa.Config
 	// startup holds the peer's frame as it arrives; out the frame we
 	// still have to send.
 	startup []byte
 	out     []byte
 	sent    uint64
-	// heard: octets from the peer after MPA startup reached the QP.
-	heard bool
-	conn  stream
+	conn    stream
 	// Params is the outcome of MPA startup, once ready.
 	Params mpa.Params
 	// Err is why startup failed, if it did.
@@ -67,18 +62,27 @@ type mpaConn struct {
 	// Rejected holds the peer's private data when it rejected our
 	// Request (Err then wraps mpa.ErrRejected).
 	Rejected []byte
-	// req is the peer's Request while the consumer decides; closeAfter:
-	// close once out is sent (a Reject).
-	req        mpa.Frame
+	// req is the peer's Request while the consumer decides (waiting).
+	req *mpa.Frame
+	// unwritten: octets Fill gave a WroteLater stream, not yet taken.
+	unwritten int
+
+	// The flags, together (an mpaConn is held for each connection).
+	initiator bool
+	// ready: MPA startup is done and the QP is in RTS.
+	ready bool
+	// heard: octets from the peer after MPA startup reached the QP.
+	heard bool
+	// waiting: a Request waits for Accept or Reject; closeAfter: close
+	// once out is sent (a Reject).
 	waiting    bool
 	closeAfter bool
 	closing    bool
 	// WroteLater: the stream reports with Wrote which octets of those
 	// Fill gave it took (a kernel socket, which may take part of them
 	// later or never); otherwise they are taken when Fill returns (the
-	// TCP engine's send buffer). unwritten: given, not yet taken.
+	// TCP engine's send buffer).
 	WroteLater bool
-	unwritten  int
 }
 
 // newMPAConn prepares q to run over a TCP connection as MPA initiator
@@ -137,9 +141,10 @@ func (e *mpaConn) Receive(c stream, b []byte) int {
 			if e.waiting {
 				return len(b) // the initiator may not speak before our Reply
 			}
-			e.req, e.waiting = f, true
-			e.req.PrivateData = append([]byte(nil), f.PrivateData...)
-			e.OnRequest(e, &e.req)
+			req := f
+			req.PrivateData = append([]byte(nil), f.PrivateData...)
+			e.req, e.waiting = &req, true
+			e.OnRequest(e, e.req)
 			return len(b)
 		} else {
 			wire, p, err := acceptWire(e.cfg, &f)
@@ -176,7 +181,8 @@ func (e *mpaConn) Accept(q *qp.QP, cfg mpa.Config) error {
 	}
 	e.waiting = false
 	e.qp, e.cfg = q, cfg
-	wire, p, err := acceptWire(cfg, &e.req)
+	wire, p, err := acceptWire(cfg, e.req)
+	e.req = nil // answered
 	if err != nil {
 		e.fail(e.conn, err)
 		return e.Err
@@ -194,7 +200,8 @@ func (e *mpaConn) Reject(private []byte) {
 		return
 	}
 	e.waiting = false
-	e.out = rejectWire(&e.req, private)
+	e.out = rejectWire(e.req, private)
+	e.req = nil // answered
 	e.Err = mpa.ErrRejected
 	if len(e.out) == 0 {
 		e.conn.Close()
@@ -227,8 +234,11 @@ func (e *mpaConn) Fill(c stream, dst []byte) int {
 	if len(e.out) > 0 {
 		n := copy(dst, e.out)
 		e.out = e.out[n:]
-		if len(e.out) == 0 && e.closeAfter {
-			c.Close()
+		if len(e.out) == 0 {
+			e.out = nil // the frame's memory is not held for the connection's life
+			if e.closeAfter {
+				c.Close()
+			}
 		}
 		return n
 	}

@@ -132,6 +132,9 @@ func OpenXDP(o XDPOptions) (_ *Device, err error) {
 	}
 	d := Open()
 	d.xdp = x
+	if o.Warn != nil {
+		d.SetWarn(o.Warn)
+	}
 	return d, nil
 }
 
