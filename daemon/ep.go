@@ -15,7 +15,6 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
-	"golang.org/x/sys/unix"
 )
 
 // ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
@@ -256,6 +255,7 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 	e.qp, e.sq, e.rq, e.sqOff, e.rqOff, e.slot, e.queue = q, sq, rqr, sqOff, rqOff, slot, rq
 	e.ringMu.Unlock()
 	s.owners.Store(q.QPN(), e.h) // 0 until createEP has the handle; unconfigureEP removes it
+	s.srv.trim.note()
 	return []*os.File{db}, nil
 }
 
@@ -277,6 +277,7 @@ func (s *session) unconfigureEP(e *ep) {
 		s.owners.Delete(e.qp.QPN())
 		e.qp.Destroy()
 		e.qp = nil
+		s.srv.trim.note()
 	}
 	if e.sq != nil {
 		// Destroy ended the QP's hooks, the last readers without the
@@ -375,14 +376,6 @@ func (s *session) connect(req *ctl.Connect) error {
 		s.mu.Unlock()
 		return fail(ctl.InvalidParameter, "address %q: want IPv4 host:port", req.Addr)
 	}
-	// The connection needs a descriptor (its socket, or on the xdp
-	// datapath the one reserving its port): at the limit the consumer
-	// hears it here, as INSUFFICIENT_RESOURCES, not later as an event
-	// that would blame the network or the peer.
-	if err := probeDescriptor(); err != nil {
-		s.mu.Unlock()
-		return resources("connect", err)
-	}
 	e.state = ctl.EPActivePending
 	e.remote = ap.String()
 	q := e.qp
@@ -393,14 +386,40 @@ func (s *session) connect(req *ctl.Connect) error {
 	timeout := time.Duration(req.TimeoutUS) * time.Microsecond
 	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}}
 	pdata := append([]byte(nil), req.PrivateData...)
+	// The reply waits until the connection holds what it needs of this
+	// host (its socket, or on the xdp datapath its port): at a limit
+	// the consumer hears it here, as INSUFFICIENT_RESOURCES (DAT's
+	// answer when the provider runs short), not later as an event that
+	// would blame the network or the peer. That costs no wait on the
+	// network.
+	started := make(chan error, 1)
+	var startErr error // the Started call happens before Connect returns
+	onStart := func(err error) {
+		startErr = err
+		started <- err
+	}
 	go func() {
 		defer cancel()
-		_, err := q.Connect(ctx, ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer})
-		if err != nil {
+		_, err := q.Connect(ctx, ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer, Started: onStart})
+		if err != nil && !errors.Is(startErr, rnic.ErrResources) {
 			s.queue(pendingEvent{ep: e, connectErr: err})
 		}
 	}()
-	return nil
+	select {
+	case err = <-started:
+	case <-time.After(timeout):
+		// Never seen; the outcome comes as an event all the same.
+	}
+	if !errors.Is(err, rnic.ErrResources) {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.objects[e.h] == e && e.state == ctl.EPActivePending {
+		e.state = ctl.EPUnconnected
+		e.remote = ""
+	}
+	return resources("connect", err)
 }
 
 func (s *session) disconnect(req *ctl.Disconnect) error {
@@ -677,15 +696,6 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 }
 
 // connectEvent maps a failed connect to its DAT event.
-// probeDescriptor fails as a socket would when the daemon cannot open one.
-func probeDescriptor() error {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	return unix.Close(fd)
-}
-
 func connectEvent(err error) uint32 {
 	var rej *rnic.RejectedError
 	switch {

@@ -150,6 +150,11 @@ func (s *session) apply(pe *pendingEvent) {
 			return
 		}
 		e.state = ctl.EPDisconnected
+		if errors.Is(pe.connectErr, rnic.ErrResources) {
+			// Ran short after the connect was answered (a local
+			// port the kernel found taken): the operator must hear.
+			s.srv.log.Warn("connect out of resources", "session", s.id, "ep", e.h, "err", pe.connectErr)
+		}
 		var rej *rnic.RejectedError
 		if errors.As(pe.connectErr, &rej) {
 			e.peerPD = rej.PrivateData

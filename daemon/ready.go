@@ -132,8 +132,14 @@ func (s *session) allocRing(entries uint32, size int) (off uint32, r *shm.Ring, 
 	return off, r, nil
 }
 
-// freeRing returns a ring's block; s.mu held.
+// freeRing returns a ring's block; s.mu held. At the session's end the
+// region goes whole instead: the client, which may still be reading its
+// rings to find the daemon gone, keeps their last state in its mapping,
+// where punching the blocks out would zero the indices under it.
 func (s *session) freeRing(off uint32, entries uint32, size int) {
+	if s.closing {
+		return
+	}
 	s.heap.Free(off, shm.RingSize(entries, size))
 }
 

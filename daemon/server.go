@@ -105,8 +105,10 @@ type Server struct {
 	addr netip.Addr
 	dev  *rnic.Device
 	ln   *net.UnixListener
-	// watch finds stalled loops; it runs from New to Close.
+	// watch finds stalled loops, trim gives memory back after a wave of
+	// connections (trim.go); they run from New to Close.
 	watch *watchdog
+	trim  *trimmer
 
 	mu       sync.Mutex
 	sessions map[*session]struct{}
@@ -196,6 +198,7 @@ func New(opts Options) (*Server, error) {
 		opts.Pollers = len(dev.Pollers())
 	} else {
 		dev = rnic.Open()
+		dev.SetWarn(func(msg string) { opts.Logger.Warn(msg) })
 		if opts.Pollers <= 0 {
 			opts.Pollers = runtime.NumCPU()
 		}
@@ -207,6 +210,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
 	s.watch = startWatchdog(s.log, opts.StallAfter, dev.Pollers())
+	s.trim = startTrimmer()
 	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
 	return s, nil
 }
@@ -370,6 +374,7 @@ func (s *Server) Close() error {
 	// The watchdog runs until the loops have ended: a shutdown that
 	// hangs on one is logged too.
 	s.watch.stop()
+	s.trim.stop()
 	s.dev.Close()
 	s.log.Info("softrnicd stopped")
 	close(s.stopped)

@@ -742,11 +742,15 @@ func (s *session) close() {
 	for _, c := range crs {
 		_ = c.req.Reject(nil)
 	}
+	// In parallel: each waits for its connection to let go, and ten
+	// thousand one after the other would hold SIGTERM for seconds.
+	qps := make([]*rnic.QP, 0, len(eps))
 	for _, e := range eps {
 		if e.qp != nil {
-			e.qp.Destroy()
+			qps = append(qps, e.qp)
 		}
 	}
+	rnic.DestroyQPs(qps)
 	close(s.done)
 	s.doorbell.Close()
 	s.loops.Wait()
