@@ -10,7 +10,9 @@
 #   make corpus    make fuzz, then commit-ready seed corpora into testdata/fuzz
 #   make bench     one run on two namespaces: kernel TCP and iperf3 beside softrnic,
 #                  table, bench/results.json, bench/*.png, issue 15's targets against
-#                  an old build alternated with this one (MTU=, CRC=, BASELINE=git ref)
+#                  an old build alternated with this one (MTU=, CRC=, BASELINE=git ref),
+#                  then issue 16's scale table: 10,000 QPs per daemon pair on each
+#                  datapath, memory, fds, CPU, setup and teardown (SCALE_N=, 0 skips)
 #   make microbench Go benchmarks: codecs, engine over loopback, daemon + client,
 #                   header checksums, the TCP engine (segments/s, bytes per idle connection)
 

@@ -8,6 +8,10 @@
 # and alternated with this tree's, for issue 15's targets; BASELINE= (empty)
 # skips that. A ref that cannot be built is reported and the run goes on.
 # ROUNDS (default 5) is how many times each is measured, alternately.
+#
+# Then issue 16's scale benchmark (softrnic-scale): SCALE_N QPs (default
+# 10000) per daemon pair on each datapath, its table after the others and
+# its figures under "scale" in bench/results.json. SCALE_N=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -43,3 +47,12 @@ if [ -n "$baseline" ]; then
 	fi
 fi
 "$bin/softrnic-bench" --bin "$bin" --out bench --mtu "${MTU:-1500}" --crc="${CRC:-true}" --seconds "${SECONDS_PER_POINT:-1}" --rounds "${ROUNDS:-5}" "${base[@]}"
+
+# Scale: after softrnic-bench, which writes bench/results.json anew, so
+# that the figures are added to this run's file. Daemons and clients run
+# with a systemd service's descriptor limit where the host allows it
+# (softrnic-scale says when it does not).
+if [ "${SCALE_N:-10000}" != 0 ]; then
+	go build -o "$bin/" ./cmd/softrnic-scale
+	"$bin/softrnic-scale" --bin "$bin" -n "${SCALE_N:-10000}" --results bench/results.json
+fi
