@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"weak"
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
@@ -143,6 +144,7 @@ type QP struct {
 	// starts at our FIN (the engine fuzz harness runs it on its clock).
 	closeTimer func(fire func())
 
+	// events is made only for a consumer without OnEvent.
 	events chan ConnEvent
 
 	destroyOnce sync.Once
@@ -185,7 +187,10 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 		return nil, fmt.Errorf("create QP: %w", ErrResources)
 	}
 	d.qpn++
-	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn, events: make(chan ConnEvent, 8)}
+	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn}
+	if attr.OnEvent == nil {
+		q.events = make(chan ConnEvent, 8)
+	}
 	d.qps[q.qpn] = q
 	d.mu.Unlock()
 	eng, err := qp.New(qp.Config{QPN: q.qpn, PD: pd.id, SQDepth: attr.SQDepth, RQDepth: attr.RQDepth,
@@ -228,7 +233,7 @@ func (q *QP) Addrs() (local, remote string) {
 func (q *QP) Vector() int { return q.attr.SendCQ.Vector() }
 
 // Events delivers the QP's connection events; the last is Disconnected or
-// Broken, exactly once.
+// Broken, exactly once. A QP made with OnEvent has none (nil).
 func (q *QP) Events() <-chan ConnEvent { return q.events }
 
 // State is the engine's RFC 5040 state.
@@ -428,13 +433,39 @@ func (q *QP) attach(llp *mpaConn) {
 	}
 	llp.OnClose = func() {
 		c := q.conn
-		fire := func() { q.closeTimedOut(c) }
 		if q.closeTimer != nil {
-			q.closeTimer(fire)
+			q.closeTimer(func() { q.closeTimedOut(c) })
 			return
 		}
-		time.AfterFunc(closeTimeout, fire)
+		// The timer holds the QP and its connection weakly: a QP its
+		// consumer destroyed and dropped, whose connection ended, is
+		// collected now rather than kept for closeTimeout (ten thousand
+		// closed at once held 40 MB for five seconds); one still in use,
+		// or whose connection still runs, is held by them, and the timer
+		// fires as before.
+		wq := weak.Make(q)
+		var wm weak.Pointer[mpaConn]
+		if c != nil {
+			wm = weak.Make(c.mpa())
+		}
+		time.AfterFunc(closeTimeout, func() {
+			if q := wq.Value(); q != nil {
+				q.closeTimedOutOf(wm)
+			}
+		})
 	}
+}
+
+// closeTimedOutOf is closeTimedOut for the connection whose MPA layer m
+// names, if it is still the QP's.
+func (q *QP) closeTimedOutOf(m weak.Pointer[mpaConn]) {
+	q.mu.Lock()
+	c := q.conn
+	q.unlock()
+	if c == nil || c.mpa() != m.Value() {
+		return
+	}
+	q.closeTimedOut(c)
 }
 
 // closeTimedOut ends a close the peer has not completed within
