@@ -9,12 +9,14 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"golang.org/x/sys/unix"
 )
 
 // ep is a DAT endpoint: its state machine (digest 003 §2), its QP once it
@@ -384,7 +386,7 @@ func (s *session) connect(req *ctl.Connect) error {
 	e.cancelConnect = cancel
 	s.mu.Unlock()
 	timeout := time.Duration(req.TimeoutUS) * time.Microsecond
-	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}}
+	dialer := &net.Dialer{LocalAddr: &net.TCPAddr{IP: s.srv.addr.AsSlice()}, Control: noPortAtBind}
 	pdata := append([]byte(nil), req.PrivateData...)
 	// The reply waits until the connection holds what it needs of this
 	// host (its socket, or on the xdp datapath its port): at a limit
@@ -420,6 +422,21 @@ func (s *session) connect(req *ctl.Connect) error {
 		e.remote = ""
 	}
 	return resources("connect", err)
+}
+
+// noPortAtBind has the kernel choose a kernel datapath connection's local
+// port at connect, not when the dialer binds its address: bind must find
+// a port no other socket holds, where connect needs only a 4-tuple nobody
+// uses, so that connections to different peers share local ports, as on
+// the xdp datapath.
+func noPortAtBind(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_IP, unix.IP_BIND_ADDRESS_NO_PORT, 1)
+	}); err != nil {
+		return err
+	}
+	return serr
 }
 
 func (s *session) disconnect(req *ctl.Disconnect) error {

@@ -210,7 +210,7 @@ func New(opts Options) (*Server, error) {
 	}
 	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
 	s.watch = startWatchdog(s.log, opts.StallAfter, dev.Pollers())
-	s.trim = startTrimmer()
+	s.trim = startTrimmer(s.log)
 	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
 	return s, nil
 }

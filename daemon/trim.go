@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"log/slog"
+	"runtime"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -23,6 +25,7 @@ type trimmer struct {
 	stopc   chan struct{}
 	done    sync.WaitGroup
 	trims   atomic.Int64
+	log     *slog.Logger
 }
 
 const (
@@ -34,8 +37,8 @@ const (
 	trimEvery = 250 * time.Millisecond
 )
 
-func startTrimmer() *trimmer {
-	t := &trimmer{stopc: make(chan struct{})}
+func startTrimmer(log *slog.Logger) *trimmer {
+	t := &trimmer{stopc: make(chan struct{}), log: log}
 	t.done.Add(1)
 	go t.run()
 	return t
@@ -65,8 +68,19 @@ func (t *trimmer) run() {
 			continue
 		}
 		t.changes.Store(0)
+		// Pools (I/O buffers, TCP rings) keep what was put back until
+		// the second collection after: two, then the one that returns
+		// the memory.
+		runtime.GC()
+		runtime.GC()
 		debug.FreeOSMemory()
 		t.trims.Add(1)
+		if t.log != nil {
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			t.log.Debug("memory returned after a wave of QPs", "heap_inuse", ms.HeapInuse, "heap_released", ms.HeapReleased,
+				"stacks", ms.StackInuse, "gc_meta", ms.GCSys, "other", ms.OtherSys, "goroutines", runtime.NumGoroutine())
+		}
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 
 // A wave of QPs, once quiet, is trimmed once; a trickle is not.
 func TestTrimmerTrimsOncePerWave(t *testing.T) {
-	tr := startTrimmer()
+	tr := startTrimmer(nil)
 	defer tr.stop()
 	for range trimAfter - 1 {
 		tr.note()
