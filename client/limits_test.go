@@ -1,14 +1,12 @@
 package client_test
 
 import (
-	"bytes"
 	"errors"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,31 +41,17 @@ func TestEPsCostNoDescriptors(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log the daemon writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // At the descriptor limit a connect fails at once with
 // INSUFFICIENT_RESOURCES naming the limit, the daemon logs it, and nothing
 // reaches the peer; once descriptors are free again the same EP connects.
 func TestConnectAtTheDescriptorLimit(t *testing.T) {
-	var log syncBuffer
-	sock := filepath.Join(t.TempDir(), "lo.sock")
-	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	dir := t.TempDir()
+	logFile, err := os.Create(filepath.Join(dir, "softrnicd.log"))
+	must(t, err)
+	defer logFile.Close()
+	logged := func() string { b, _ := os.ReadFile(logFile.Name()); return string(b) }
+	sock := filepath.Join(dir, "lo.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(logFile, nil))})
 	must(t, err)
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve() }()
@@ -96,8 +80,8 @@ func TestConnectAtTheDescriptorLimit(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Status != ctl.InsufficientResources || !strings.Contains(ce.Message, "RLIMIT_NOFILE") {
 		t.Fatalf("connect at the descriptor limit: %v, want INSUFFICIENT_RESOURCES naming RLIMIT_NOFILE", err)
 	}
-	if !strings.Contains(log.String(), "out of resources") || !strings.Contains(log.String(), "RLIMIT_NOFILE") {
-		t.Fatalf("the daemon did not log the limit:\n%s", log.String())
+	if log := logged(); !strings.Contains(log, "out of resources") || !strings.Contains(log, "RLIMIT_NOFILE") {
+		t.Fatalf("the daemon did not log the limit:\n%s", log)
 	}
 	if st, _ := cep.State(); st != client.Unconnected {
 		t.Fatalf("EP in %v after a refused connect", st)
