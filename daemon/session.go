@@ -15,6 +15,7 @@ import (
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/fdpass"
 	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
 )
@@ -37,7 +38,9 @@ type session struct {
 
 	mu      sync.Mutex
 	objects map[uint32]any
-	next    uint32
+	// objectsMost is objects' high-water mark (shrink).
+	objectsMost int
+	next        uint32
 	// held are the EPs and EVDs handed to the session that it still
 	// holds, produced the EVDs it produced into this step; loop-owned.
 	held     []any
@@ -336,6 +339,7 @@ func (s *session) add(o any) (uint32, error) {
 // forget removes handle h; s.mu held.
 func (s *session) forget(h uint32) {
 	delete(s.objects, h)
+	s.objects = shrink.Map(s.objects, &s.objectsMost)
 }
 
 // get finds a handle of type T; s.mu held.

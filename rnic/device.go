@@ -108,6 +108,8 @@ type Device struct {
 	pds    map[uint32]*PD
 	qpn    uint32
 	qps    map[uint32]*QP
+	// qpsMost is qps' high-water mark (shrink).
+	qpsMost int
 
 	stags stagTable
 	// xdp is the accelerated datapath; nil on the kernel datapath.

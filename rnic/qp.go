@@ -8,6 +8,7 @@ import (
 
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
+	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
 )
@@ -408,6 +409,7 @@ func (q *QP) Destroy() {
 		}
 		q.dev.mu.Lock()
 		delete(q.dev.qps, q.qpn)
+		q.dev.qps = shrink.Map(q.dev.qps, &q.dev.qpsMost)
 		q.dev.mu.Unlock()
 		q.pd.refs.Add(-1)
 	})

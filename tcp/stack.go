@@ -9,6 +9,7 @@ import (
 	"net/netip"
 
 	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/internal/shrink"
 )
 
 // Stack is the TCP engine of one poller: its connections, listeners,
@@ -498,24 +499,11 @@ func (s *Stack) add(c *Conn) {
 	s.connsPeak = max(s.connsPeak, len(s.conns))
 }
 
-// minShrink is the fewest connections a map must have held for forget to
-// make it again smaller.
-const minShrink = 64
-
-// forget takes c out of the connections. A Go map keeps the size of its
-// peak: once the connections fall to a quarter of it, the map is made
-// again at their size, so that the tables of thousands of connections
-// closed are not held for ever (issue 16). Each entry is copied at most
-// once per three deleted before it, so forgetting stays O(1) amortized.
+// forget takes c out of the connections, giving back the memory of the
+// map once it is a quarter of its peak (shrink).
 func (s *Stack) forget(c *Conn) {
 	delete(s.conns, c.id)
-	if n := len(s.conns); s.connsPeak >= minShrink && n < s.connsPeak/4 {
-		m := make(map[FourTuple]*Conn, n)
-		for id, x := range s.conns {
-			m[id] = x
-		}
-		s.conns, s.connsPeak = m, n
-	}
+	s.conns = shrink.Map(s.conns, &s.connsPeak)
 }
 
 // inAccept: c waits in its listener's accept queue.

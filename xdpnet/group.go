@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/tcp"
 )
 
@@ -21,9 +22,11 @@ import (
 type Group struct {
 	start time.Time
 
-	mu      sync.RWMutex
-	owners  map[tcp.FourTuple]*Poller
-	listens map[uint16]*Poller
+	mu     sync.RWMutex
+	owners map[tcp.FourTuple]*Poller
+	// ownersMost is owners' high-water mark (shrink).
+	ownersMost int
+	listens    map[uint16]*Poller
 	// moving: flows between two pollers (Move); their segments are
 	// dropped meanwhile, and TCP retransmits them.
 	moving  map[tcp.FourTuple]bool
@@ -146,6 +149,7 @@ func (g *Group) clearOwner(id tcp.FourTuple, p *Poller) {
 	g.mu.Lock()
 	if g.owners[id] == p {
 		delete(g.owners, id)
+		g.owners = shrink.Map(g.owners, &g.ownersMost)
 	}
 	g.mu.Unlock()
 }

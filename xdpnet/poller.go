@@ -256,6 +256,7 @@ type Poller struct {
 	more           bool   // Output may have more: TX frames or ring ran out
 	ipID           uint16
 	flows          map[tcp.FourTuple]*flow
+	flowsMost      int     // flows' high-water mark (shrink)
 	flowList       []*flow // the flows, in sweep's order
 	sweepAt        int     // where the next sweep starts in flowList
 	ports          *portTable

@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/bpf"
+	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/tcp"
 )
 
@@ -104,6 +105,8 @@ type portTable struct {
 	// remotes what the table knows of each remote end.
 	used    map[portRemote]struct{}
 	remotes map[netip.AddrPort]*remoteEnd
+	// The maps' high-water marks (shrink).
+	portsMost, usedMost, remotesMost int
 }
 
 // remoteEnd is a remote end's share of the table: how many of its flows
@@ -201,9 +204,11 @@ func (t *portTable) release(port uint16, remote netip.AddrPort) {
 		return
 	}
 	delete(t.used, pr)
+	t.used = shrink.Map(t.used, &t.usedMost)
 	if re := t.remotes[remote]; re != nil {
 		if re.flows--; re.flows <= 0 {
 			delete(t.remotes, remote)
+			t.remotes = shrink.Map(t.remotes, &t.remotesMost)
 		}
 	}
 	r := t.ports[port]
@@ -215,6 +220,7 @@ func (t *portTable) release(port uint16, remote netip.AddrPort) {
 	}
 	unix.Close(r.fd)
 	delete(t.ports, port)
+	t.ports = shrink.Map(t.ports, &t.portsMost)
 	last := t.list[len(t.list)-1]
 	t.list[r.idx], last.idx = last, r.idx
 	t.list[len(t.list)-1] = nil
@@ -390,6 +396,7 @@ func (p *Poller) addFlow(f *flow) {
 
 func (p *Poller) dropFlow(f *flow) {
 	delete(p.flows, f.id)
+	p.flows = shrink.Map(p.flows, &p.flowsMost)
 	last := p.flowList[len(p.flowList)-1]
 	p.flowList[f.idx], last.idx = last, f.idx
 	p.flowList[len(p.flowList)-1] = nil
