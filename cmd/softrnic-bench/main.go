@@ -414,24 +414,6 @@ func num(v any) float64 {
 	return f
 }
 
-// procCPU is a live process's user+system CPU seconds from /proc.
-func procCPU(pid int) float64 {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// Fields after the ")" of the command name: utime and stime are the
-	// 12th and 13th of them (fields 14 and 15 of stat).
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-	if len(f) < 13 {
-		return 0
-	}
-	ut, _ := strconv.ParseFloat(f[11], 64)
-	st, _ := strconv.ParseFloat(f[12], 64)
-	return (ut + st) / 100 // USER_HZ
-}
-
 func table(r *Results) {
 	for _, dp := range []string{"kernel", "xdp"} {
 		tableOf(r, dp)

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/softrnic/softrnic/internal/scale"
 	"github.com/softrnic/softrnic/internal/topology"
 )
 
@@ -74,7 +75,9 @@ func (r *rig) Close() {
 
 // daemonCPU is A's and B's daemon CPU seconds so far.
 func (r *rig) daemonCPU() (float64, float64) {
-	return procCPU(r.daemons[0].Process.Pid), procCPU(r.daemons[1].Process.Pid)
+	a, _ := scale.CPUSeconds(r.daemons[0].Process.Pid)
+	b, _ := scale.CPUSeconds(r.daemons[1].Process.Pid)
+	return a, b
 }
 
 // perf runs one softrnic-perf test, server on B and client on A, and

@@ -107,8 +107,8 @@ func total(kinds map[string]int) int {
 // Linux architecture the project builds for (sysconf(_SC_CLK_TCK)).
 const clockTick = 100
 
-// cpuSeconds is pid's user plus system CPU time so far, all threads.
-func cpuSeconds(pid int) (float64, error) {
+// CPUSeconds is pid's user plus system CPU time so far, all threads.
+func CPUSeconds(pid int) (float64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err

@@ -370,14 +370,14 @@ func (r *run) idleCPU() [4]float64 {
 	pids := [4]int{r.daemons[0].pid(), r.daemons[1].pid(), r.clients[0].pid(), r.clients[1].pid()}
 	var t0, t1 [4]float64
 	for i, p := range pids {
-		t0[i], _ = cpuSeconds(p)
+		t0[i], _ = CPUSeconds(p)
 	}
 	start := time.Now()
 	time.Sleep(r.o.Idle)
 	el := time.Since(start).Seconds()
 	var pct [4]float64
 	for i, p := range pids {
-		t1[i], _ = cpuSeconds(p)
+		t1[i], _ = CPUSeconds(p)
 		pct[i] = (t1[i] - t0[i]) / el * 100
 	}
 	return pct
