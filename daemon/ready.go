@@ -178,8 +178,8 @@ func (s *session) queueFor(vector int) (*readyQueue, error) {
 // doorbell is a new descriptor of what the client writes when it put an
 // EP on the queue and found its need-wakeup flag up.
 func (q *readyQueue) doorbell() (*os.File, error) {
-	if pl, ok := q.pl.(interface{ Doorbell() (*os.File, error) }); ok {
-		return pl.Doorbell()
+	if q.pl != nil {
+		return q.pl.Doorbell()
 	}
 	return dupFile(q.db)
 }

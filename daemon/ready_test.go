@@ -336,6 +336,8 @@ func TestReadyQueueLoop(t *testing.T) {
 // fakePoller counts wake-ups.
 type fakePoller struct{ wakes int }
 
+func (f *fakePoller) Doorbell() (*os.File, error) { return shm.NewEventfd() }
+
 func (f *fakePoller) Wake()                            { f.wakes++ }
 func (f *fakePoller) RemoveSource(xdpnet.Source) error { return nil }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // Limits per session.
@@ -186,18 +187,11 @@ func fail(st ctl.Status, format string, args ...any) error {
 }
 
 // resources is the error of a request that ran out of something: the
-// client gets INSUFFICIENT_RESOURCES saying what, and a descriptor limit
-// is named, since raising it is the operator's remedy.
+// client gets INSUFFICIENT_RESOURCES saying what, and the limit that was
+// reached is named (xdpnet.ResourceError), since raising it is the
+// operator's remedy.
 func resources(what string, err error) error {
-	switch {
-	case errors.Is(err, unix.EMFILE):
-		var lim unix.Rlimit
-		_ = unix.Getrlimit(unix.RLIMIT_NOFILE, &lim)
-		return fail(ctl.InsufficientResources, "%s: softrnicd reached its descriptor limit (RLIMIT_NOFILE %d; a service raises it with LimitNOFILE=): %v", what, lim.Cur, err)
-	case errors.Is(err, unix.ENFILE):
-		return fail(ctl.InsufficientResources, "%s: the system's file table is full (fs.file-max): %v", what, err)
-	}
-	return fail(ctl.InsufficientResources, "%s: %v", what, err)
+	return fail(ctl.InsufficientResources, "%s: %v", what, xdpnet.ResourceError(err))
 }
 
 // handler serves one kind of request: it decodes body, the request, and

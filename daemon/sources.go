@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"os"
+
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/xdpnet"
 )
@@ -30,6 +32,7 @@ import (
 type sourcePoller interface {
 	Wake()
 	RemoveSource(xdpnet.Source) error
+	Doorbell() (*os.File, error)
 }
 
 // evdSource is a DTO EVD as a source of its CQ's poller: completions go

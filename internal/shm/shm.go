@@ -15,7 +15,7 @@
 //
 // A session's rings are blocks of one region (Heap). An endpoint's two
 // request rings are found by the daemon through a ready queue, a ring of
-// endpoint slots (ReadySize entries) per completion vector: the client
+// endpoint slots (ReadyEntrySize octets each) per completion vector: the client
 // that posts to rings whose need-wakeup flag is up puts the endpoint's
 // slot on the queue unless it is there already (MarkQueued), and rings
 // the queue's doorbell if the queue's own need-wakeup flag is up. A
