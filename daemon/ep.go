@@ -226,7 +226,7 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 		}
 	}()
 	undo = append(undo, q.Destroy)
-	rq, err := s.queueFor(q.Vector())
+	ready, err := s.queueFor(q.Vector())
 	if err != nil {
 		return nil, err
 	}
@@ -235,7 +235,7 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 		return nil, err
 	}
 	undo = append(undo, func() { s.freeRing(sqOff, sqn, shm.SQESize) })
-	rqOff, rqr, err := s.allocRing(rqn, shm.RQESize)
+	rqOff, rq, err := s.allocRing(rqn, shm.RQESize)
 	if err != nil {
 		return nil, err
 	}
@@ -245,16 +245,16 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 		return nil, err
 	}
 	undo = append(undo, func() { s.freeSlot(slot) })
-	db, err := rq.doorbell()
+	db, err := ready.doorbell()
 	if err != nil {
 		return nil, resources("ready queue doorbell", err)
 	}
 	// Until a receive goroutine polls them, a post to the rings puts
 	// the EP on its queue.
 	sq.SetFlags(shm.NeedWakeup)
-	rqr.SetFlags(shm.NeedWakeup)
+	rq.SetFlags(shm.NeedWakeup)
 	e.ringMu.Lock()
-	e.qp, e.sq, e.rq, e.sqOff, e.rqOff, e.slot, e.queue = q, sq, rqr, sqOff, rqOff, slot, rq
+	e.qp, e.sq, e.rq, e.sqOff, e.rqOff, e.slot, e.queue = q, sq, rq, sqOff, rqOff, slot, ready
 	e.ringMu.Unlock()
 	s.owners.Store(q.QPN(), e.h) // 0 until createEP has the handle; unconfigureEP removes it
 	s.srv.trim.note()
