@@ -172,7 +172,12 @@ func (p *Poller) Dial(remote netip.AddrPort, h tcp.Handler, o DialOptions) (c *t
 	defer func() {
 		if held != 0 {
 			port := held
-			_ = p.Do(func(*tcp.Stack, tcp.Time) { p.unclaim(port, remote) })
+			if p.Do(func(*tcp.Stack, tcp.Time) { p.unclaim(port, remote) }) != nil {
+				// The loop has stopped: the steering map and the
+				// port table, which a Group shares, have locks of
+				// their own.
+				p.unclaim(port, remote)
+			}
 		}
 	}()
 	for {
@@ -279,10 +284,14 @@ func (p *Poller) Move(id tcp.FourTuple, to *Poller, then func(*tcp.Conn)) error 
 		// are dropped (moving) until p has it back: p's Stack without it
 		// would answer them with resets.
 		if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
-			if s.Adopt(c) == nil && f != nil {
+			adopted := s.Adopt(c) == nil
+			if f != nil {
+				// Back in the list Move took it out of, whether it
+				// stays or goes with its steering and port.
 				p.addFlow(f)
-			} else if f != nil {
-				p.removeFlow(f)
+				if !adopted {
+					p.removeFlow(f)
+				}
 			}
 			g.setMoving(id, false)
 		}); derr != nil {
