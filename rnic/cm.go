@@ -125,9 +125,6 @@ func resourceError(err error) error {
 	if err == nil || errors.Is(err, ErrResources) {
 		return err
 	}
-	if errors.Is(err, xdpnet.ErrResources) {
-		return fmt.Errorf("%w: %w", ErrResources, err)
-	}
 	if lim := xdpnet.ResourceError(err); errors.Is(lim, xdpnet.ErrResources) {
 		return fmt.Errorf("%w: %w", ErrResources, lim)
 	}

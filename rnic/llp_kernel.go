@@ -17,6 +17,7 @@ import (
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // kernelConn is a QP's connection on the kernel datapath: a kernel TCP
@@ -617,6 +618,9 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 		// Out of descriptors or local ports is this host's failure,
 		// not the path's: it must not reach the consumer as
 		// UNREACHABLE.
+		if errors.Is(err, unix.EADDRNOTAVAIL) { // connect(2): no ephemeral port left
+			err = xdpnet.PortsError(err)
+		}
 		if lim := resourceError(err); errors.Is(lim, ErrResources) {
 			return nil, fmt.Errorf("connect %s: %w", raddr, lim)
 		}

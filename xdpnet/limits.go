@@ -43,6 +43,11 @@ func resourceErr(err error) error {
 	return err
 }
 
+// PortsError is the error of a connection that found no local port free
+// (err is what the kernel said): it wraps ErrResources and names the
+// range to widen.
+func PortsError(err error) error { return portsErr(err) }
+
 // portsErr is the error of a reservation that found no local port free.
 func portsErr(err error) error {
 	return fmt.Errorf("%w: no local port left (net.ipv4.ip_local_port_range%s): %w",
@@ -66,11 +71,12 @@ const limitWarnEvery = 10 * time.Second
 
 // warnLimit tells Config.Warn that a peer's connection was dropped for a
 // limit of the host (err names it); on the loop.
-func (p *Poller) warnLimit(now tcp.Time, what string, err error) {
+func (p *Poller) warnLimit(now tcp.Time, what func() (string, error)) {
 	p.limitDrops++
 	if p.cfg.Warn == nil || (p.limitWarned != 0 && now-p.limitWarned < tcp.Time(limitWarnEvery)) {
 		return
 	}
-	p.cfg.Warn(fmt.Sprintf("%s queue %d: %s (%d since the last warning): %v", p.cfg.Interface, p.cfg.Queue, what, p.limitDrops, err))
+	msg, err := what()
+	p.cfg.Warn(fmt.Sprintf("%s queue %d: %s (%d since the last warning): %v", p.cfg.Interface, p.cfg.Queue, msg, p.limitDrops, err))
 	p.limitWarned, p.limitDrops = now, 0
 }

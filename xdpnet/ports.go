@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -107,6 +108,8 @@ type portTable struct {
 	remotes map[netip.AddrPort]*remoteEnd
 	// The maps' high-water marks (shrink).
 	portsMost, usedMost, remotesMost int
+	// nheld is len(list), for held.
+	nheld atomic.Int64
 }
 
 // remoteEnd is a remote end's share of the table: how many of its flows
@@ -183,6 +186,7 @@ func (t *portTable) acquire(remote netip.AddrPort, taken func(port uint16) bool)
 	r := &reservation{fd: fd, port: port, idx: len(t.list)}
 	t.ports[port] = r
 	t.list = append(t.list, r)
+	t.nheld.Store(int64(len(t.list)))
 	t.take(r, portRemote{port, remote}, re)
 	return port, nil
 }
@@ -225,14 +229,13 @@ func (t *portTable) release(port uint16, remote netip.AddrPort) {
 	t.list[r.idx], last.idx = last, r.idx
 	t.list[len(t.list)-1] = nil
 	t.list = t.list[:len(t.list)-1]
+	t.nheld.Store(int64(len(t.list)))
 }
 
-// held is the number of ports held, and of kernel sockets holding them.
-func (t *portTable) held() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.list)
-}
+// held is the number of ports held, and of kernel sockets holding them:
+// read without the table's lock, which the pollers of a Group share and
+// hold across socket system calls, by every poller after each Do.
+func (t *portTable) held() int { return int(t.nheld.Load()) }
 
 // closeAll releases every port; for a table nobody uses any more.
 func (t *portTable) closeAll() {
@@ -242,6 +245,7 @@ func (t *portTable) closeAll() {
 		unix.Close(r.fd)
 	}
 	t.list = nil
+	t.nheld.Store(0)
 	clear(t.ports)
 	clear(t.used)
 	clear(t.remotes)
@@ -379,7 +383,9 @@ func (p *Poller) addPassiveFlow(now tcp.Time, id tcp.FourTuple) {
 	}
 	if err := p.steering.AddFlow(bpfFlow(id)); err != nil {
 		p.stats.FlowErrors++
-		p.warnLimit(now, fmt.Sprintf("connection from %v:%d not steered", id.RemoteAddr, id.RemotePort), resourceErr(err))
+		p.warnLimit(now, func() (string, error) {
+			return fmt.Sprintf("connection from %v:%d not steered", id.RemoteAddr, id.RemotePort), resourceErr(err)
+		})
 		return
 	}
 	p.addFlow(&flow{id: id, added: now})
