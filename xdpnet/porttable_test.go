@@ -81,10 +81,15 @@ func TestPortTableSharesPortsBetweenRemoteEnds(t *testing.T) {
 	if tab.held() != 3 {
 		t.Fatalf("r2 still uses all 3 ports, but %d are held", tab.held())
 	}
+	// A late second release of a pair (a connection forgotten twice)
+	// must not take the port from r2's connection on it.
+	tab.release(ports[0], r1)
+	if _, ok := tab.used[portRemote{ports[0], r2}]; tab.held() != 3 || !ok {
+		t.Fatalf("a second release of port %d towards r1: %d ports held, r2's pair kept %v", ports[0], tab.held(), ok)
+	}
 	for p := range shared {
 		tab.release(p, r2)
 	}
-	tab.release(ports[0], r2) // twice: nothing happens
 	if tab.held() != 0 || len(tab.used) != 0 || len(tab.remotes) != 0 {
 		t.Fatalf("all released: %d ports held, %d pairs, %d remote ends", tab.held(), len(tab.used), len(tab.remotes))
 	}
