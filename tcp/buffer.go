@@ -179,7 +179,9 @@ func (s *sendBuf) release(seq Seq) {
 // drop gives the ring back and forgets what it held (all acknowledged, or
 // the connection is over).
 func (s *sendBuf) drop() {
-	if s.r.b != nil {
+	if s.r.b != nil && s.peak > 0 {
+		// A ring taken for a fill that found nothing to send has no
+		// busy period to remember: the last one's size stands.
 		s.next = s.peak
 	}
 	s.r.put()
@@ -285,7 +287,15 @@ func (r *recvBuf) consume(k int) {
 	r.head = (r.head + k) % len(r.r.b)
 	r.start = r.start.Add(k)
 	r.n -= k
-	if r.n == 0 && len(r.ooo) == 0 {
+	r.dropIfEmpty()
+}
+
+// dropIfEmpty gives the ring back when it holds nothing, in order or out
+// of it: after the consumer took octets, and after in-order octets the
+// handler took directly covered the last out-of-order range (else a peer
+// could leave a full ring on an idle connection with one stray octet).
+func (r *recvBuf) dropIfEmpty() {
+	if r.n == 0 && len(r.ooo) == 0 && r.r.b != nil {
 		r.drop()
 	}
 }
@@ -376,6 +386,7 @@ func (r *recvBuf) advance(k int) {
 	if r.last < 0 && len(r.ooo) > 0 {
 		r.last = 0
 	}
+	r.dropIfEmpty()
 }
 
 // sackBlocks fills dst with the out-of-order ranges, the most recent first

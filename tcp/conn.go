@@ -283,9 +283,8 @@ func (c *Conn) terminate(err error) {
 	// Conn is collected.
 	c.snd.drop()
 	c.sb.reset()
-	if c.rcv.n == 0 {
-		c.rcv.drop()
-	}
+	c.rcv.ooo, c.rcv.last = nil, -1 // never to be read: consuming the rest drops the ring
+	c.rcv.dropIfEmpty()
 	c.stack.release(c)
 	c.event(EventClosed)
 }

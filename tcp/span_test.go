@@ -51,3 +51,37 @@ func TestMergeSpanAgainstBitmap(t *testing.T) {
 		}
 	}
 }
+
+// One stray octet at the far edge of the window makes the receive ring
+// as large as the window; in-order octets the handler takes straight
+// from their segments then cover it. Nothing is held after: the ring
+// goes back to the pool, not kept for the idle connection's life.
+func TestStrayOctetLeavesNoRing(t *testing.T) {
+	const window = 4 << 20
+	r := newRecvBuf(window)
+	r.start = Seq(1000)
+	if !r.addOOO(r.start.Add(window-1), []byte{1}) {
+		t.Fatal("the stray octet was not tracked")
+	}
+	if len(r.r.b) < window {
+		t.Fatalf("ring of %d octets for an octet %d past RCV.NXT", len(r.r.b), window-1)
+	}
+	r.skip(window - 1) // taken straight from the segments
+	r.advance(0)       // RCV.NXT reaches the stray octet
+	if r.n != 1 {
+		t.Fatalf("%d octets in order, want the stray one", r.n)
+	}
+	r.consume(1)
+	if r.r.b != nil || len(r.ooo) != 0 {
+		t.Fatalf("after the last octet was taken the ring is %d octets, %d ranges", len(r.r.b), len(r.ooo))
+	}
+	// Covered by a segment the handler took whole: advance(0) with
+	// nothing in order and nothing out of order.
+	r2 := newRecvBuf(window)
+	r2.addOOO(r2.start.Add(window-1), []byte{1})
+	r2.skip(window)
+	r2.advance(0)
+	if r2.r.b != nil {
+		t.Fatalf("a ring of %d octets stays on a connection that holds nothing", len(r2.r.b))
+	}
+}

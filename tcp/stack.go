@@ -17,8 +17,7 @@ import (
 type Stack struct {
 	opts  Options
 	conns map[FourTuple]*Conn
-	// connsPeak is the most connections conns has held since it was
-	// made (see forget).
+	// connsPeak is conns' high-water mark, kept by shrink.Map.
 	connsPeak int
 	listeners map[uint16]*Listener
 	timers    timerHeap
@@ -496,7 +495,6 @@ func (s *Stack) release(c *Conn) {
 // add files c under its addresses.
 func (s *Stack) add(c *Conn) {
 	s.conns[c.id] = c
-	s.connsPeak = max(s.connsPeak, len(s.conns))
 }
 
 // forget takes c out of the connections, giving back the memory of the
