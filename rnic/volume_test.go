@@ -10,13 +10,14 @@ import (
 	"testing"
 
 	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/qp"
 )
 
 // volume is what each operation moves: 1 GiB, or 128 MiB under the race
 // detector, which slows the datapath tenfold (make test runs both builds).
 func volume() int {
-	if raceEnabled {
+	if testenv.Race {
 		return 128 << 20
 	}
 	return 1 << 30

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"testing"
 
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/tcp"
 )
 
@@ -154,7 +155,7 @@ func TestEngineSteadyStateAllocations(t *testing.T) {
 	// is put in it, on purpose, and those two may be allocated. Nothing
 	// is per segment either way.
 	limit := 0.0
-	if raceEnabled {
+	if testenv.Race {
 		limit = 2
 	}
 	if allocs > limit {

@@ -1,5 +1,0 @@
-//go:build !race
-
-package rnic
-
-const raceEnabled = false

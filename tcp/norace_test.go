@@ -1,5 +1,0 @@
-//go:build !race
-
-package tcp_test
-
-const raceEnabled = false
