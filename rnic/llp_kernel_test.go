@@ -21,6 +21,18 @@ func TestKernelPostSendsFromThePostingGoroutine(t *testing.T) {
 	defer s.Destroy()
 	defer c.Destroy()
 	dst, src := srv.mr(4096, qp.RemoteWrite|qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
+	// Nothing else may be transmitting when a post comes, or that
+	// goroutine sends it: the end of MPA startup (the RTR) and the
+	// one-shot nudge of a silent peer (nudgeDelay) come first.
+	must(t, c.PostSend(&qp.SendWR{ID: 100, Op: qp.OpWrite, Flags: qp.Signaled,
+		SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 8}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
+	var warm [1]completion.Completion
+	for deadline := time.Now().Add(10 * time.Second); cli.scq.Poll(warm[:]) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the first Write never completed")
+		}
+	}
+	time.Sleep(3 * nudgeDelay)
 	for i := range 10 {
 		must(t, c.PostSend(&qp.SendWR{ID: uint64(i), Op: qp.OpWrite, Flags: qp.Signaled,
 			SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 8}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
