@@ -23,6 +23,7 @@ import (
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/fdpass"
+	"github.com/softrnic/softrnic/internal/memreg"
 	"github.com/softrnic/softrnic/internal/shm"
 )
 
@@ -336,6 +337,9 @@ type LMR struct {
 	pz  *PZ
 	h   uint32
 	buf *Buffer
+	// mem is the range of ordinary memory RegisterMemory moved onto the
+	// process's registration memfd, released at Free.
+	mem struct{ addr, length uintptr }
 	// Context is the STag: the LMR context locally and the RMR context a
 	// peer uses to reach this memory.
 	Context uint32
@@ -353,6 +357,46 @@ func (pz *PZ) RegisterLMR(b *Buffer, access Access) (*LMR, error) {
 	return &LMR{pz: pz, h: r.LMR, buf: b, Context: r.STag, va: va}, nil
 }
 
+// RegisterMemory registers length octets of this process's own memory at
+// addr: memory from malloc, a static array, or an anonymous mapping, not
+// only a Buffer. Its pages move in place onto the process's registration
+// memfd, which the daemon maps (internal/memreg says how, and what it costs:
+// a copy of the range now and at Free, none per operation; writes other
+// threads make to the range meanwhile are lost). The range must be mapped,
+// readable, and writable if access asks for local or remote writes; the
+// tagged offset of octet i is addr+i. Memory the Go runtime manages (a
+// slice from make) must stay referenced until Free.
+func (pz *PZ) RegisterMemory(addr uintptr, length int, access Access) (*LMR, error) {
+	if length <= 0 {
+		return nil, fmt.Errorf("register memory: %w: length %d", ErrInvalidParameter, length)
+	}
+	sp, err := memreg.Default()
+	if err != nil {
+		return nil, fmt.Errorf("register memory: %w", err)
+	}
+	write := access&(LocalWrite|RemoteWrite|RemoteAtomic) != 0
+	if err := sp.Register(addr, uintptr(length), write); err != nil {
+		return nil, fmt.Errorf("register memory: %w: %w", ErrInvalidParameter, err)
+	}
+	req := &ctl.RegisterLMR{PZ: pz.h, Offset: uint64(addr), Length: uint64(length), VA: uint64(addr), Access: uint8(access)}
+	var r ctl.RegisterLMRReply
+	if _, err := pz.ia.call(ctl.OpRegisterLMR, req, []*os.File{sp.File()}, &r); err != nil {
+		_ = sp.Unregister(addr, uintptr(length))
+		return nil, fmt.Errorf("register memory: %w", err)
+	}
+	l := &LMR{pz: pz, h: r.LMR, Context: r.STag, va: uint64(addr)}
+	l.mem.addr, l.mem.length = addr, uintptr(length)
+	return l, nil
+}
+
+// RegisterBytes is RegisterMemory of b.
+func (pz *PZ) RegisterBytes(b []byte, access Access) (*LMR, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("register memory: %w: empty slice", ErrInvalidParameter)
+	}
+	return pz.RegisterMemory(uintptrOf(b), len(b), access)
+}
+
 // Address is the tagged offset of byte off of the region, what a peer puts
 // in RDMA requests along with Context.
 func (l *LMR) Address(off uint64) uint64 { return l.va + off }
@@ -361,6 +405,16 @@ func (l *LMR) Address(off uint64) uint64 { return l.va + off }
 func (l *LMR) Free() error {
 	if _, err := l.pz.ia.call(ctl.OpFreeLMR, &ctl.Handle{H: l.h}, nil, nil); err != nil {
 		return fmt.Errorf("free LMR: %w", err)
+	}
+	if l.mem.length != 0 {
+		sp, err := memreg.Default()
+		if err == nil {
+			err = sp.Unregister(l.mem.addr, l.mem.length)
+		}
+		l.mem.length = 0
+		if err != nil {
+			return fmt.Errorf("free LMR: %w", err)
+		}
 	}
 	return nil
 }

@@ -148,7 +148,8 @@ const (
 
 // RegisterLMR registers [Offset, Offset+Length) of the memfd passed with
 // the request, which the client maps at VA. The memfd must be sealed
-// against shrinking.
+// against shrinking. Offset and Length need not be page-aligned: the
+// region is exactly those octets (VA is the address of octet Offset).
 type RegisterLMR struct {
 	PZ     uint32
 	Offset uint64

@@ -382,7 +382,7 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 		return nil, nil, fail(ctl.InvalidParameter, "RegisterLMR needs one memfd, got %d descriptors", len(fds))
 	}
 	f := fds[0]
-	if req.Length == 0 || req.Length > maxLMR || req.Offset%uint64(os.Getpagesize()) != 0 || req.Offset+req.Length < req.Offset {
+	if req.Length == 0 || req.Length > maxLMR || req.Offset+req.Length < req.Offset {
 		return nil, nil, fail(ctl.InvalidParameter, "LMR offset %d length %d", req.Offset, req.Length)
 	}
 	if req.Access&^0xf != 0 {
@@ -397,11 +397,15 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 	if err != nil {
 		return nil, nil, err
 	}
-	m, err := shm.Map(f, int64(req.Offset), int(req.Length))
+	// The region may start and end inside a page (ordinary memory a
+	// consumer registered, internal/memreg): map whole pages, register
+	// exactly the region.
+	skip := req.Offset % uint64(os.Getpagesize())
+	m, err := shm.Map(f, int64(req.Offset-skip), int(skip+req.Length))
 	if err != nil {
 		return nil, nil, resources("mapping the LMR", err)
 	}
-	mr, err := s.srv.dev.RegisterMR(p.pd, m, req.VA, qp.Access(req.Access))
+	mr, err := s.srv.dev.RegisterMR(p.pd, m[skip:], req.VA, qp.Access(req.Access))
 	if err != nil {
 		_ = shm.Unmap(m)
 		return nil, nil, fail(ctl.InvalidParameter, "%v", err)

@@ -1,0 +1,238 @@
+package memreg
+
+import (
+	"bytes"
+	"errors"
+	"os"
+	"testing"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+func anon(t *testing.T, n int, prot int) []byte {
+	t.Helper()
+	b, err := unix.Mmap(-1, 0, n, prot, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Munmap(b) })
+	return b
+}
+
+func addr(b []byte) uintptr { return uintptr(unsafe.Pointer(&b[0])) }
+
+// mapping returns the /proc/self/maps line covering a.
+func mapping(t *testing.T, a uintptr) vma {
+	t.Helper()
+	maps, err := readMaps()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range maps {
+		if v.start <= a && a < v.end {
+			return v
+		}
+	}
+	t.Fatalf("%#x not mapped", a)
+	return vma{}
+}
+
+func fileBlocks(t *testing.T, s *Space) int64 {
+	t.Helper()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(s.file.Fd()), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st.Blocks
+}
+
+// A registered range keeps its contents and addresses, is shared with the
+// memfd at offset == address both ways, and after deregistration is private
+// again with the contents the daemon wrote, the memfd pages released.
+func TestRegisterMovesInPlaceAndBack(t *testing.T) {
+	s, err := Default()
+	if err != nil {
+		t.Fatal(err)
+	}
+	page := os.Getpagesize()
+	b := anon(t, 8*page, unix.PROT_READ|unix.PROT_WRITE)
+	for i := range b {
+		b[i] = byte(i * 7)
+	}
+	want := append([]byte(nil), b...)
+	before := fileBlocks(t, s)
+	// An unaligned range inside pages 1..6.
+	lo, n := addr(b)+uintptr(page)+100, uintptr(5*page)
+	if err := s.Register(lo, n, true); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatal("contents changed by registration")
+	}
+	if v := mapping(t, lo); !s.ours(v) || !v.shared() || v.prot() != unix.PROT_READ|unix.PROT_WRITE {
+		t.Fatalf("after Register the range is mapped %+v", v)
+	}
+	if v := mapping(t, addr(b)); s.ours(v) {
+		t.Fatal("page 0, outside the range, moved")
+	}
+	// The daemon's view: the memfd at offset == address.
+	got := make([]byte, n)
+	if _, err := unix.Pread(int(s.File().Fd()), got, int64(lo)); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want[page+100:page+100+int(n)]) {
+		t.Fatal("memfd does not hold the range at offset == address")
+	}
+	b[page+200] = 0xAA // the process writes; the daemon sees it
+	if _, err := unix.Pread(int(s.File().Fd()), got[:1], int64(addr(b))+int64(page)+200); err != nil || got[0] != 0xAA {
+		t.Fatalf("process write not visible in the memfd: %v %#x", err, got[0])
+	}
+	// The daemon writes; the process sees it, and keeps it after.
+	if _, err := unix.Pwrite(int(s.File().Fd()), []byte{0x55}, int64(addr(b))+int64(3*page)); err != nil {
+		t.Fatal(err)
+	}
+	if b[3*page] != 0x55 {
+		t.Fatal("memfd write not visible to the process")
+	}
+	want[page+200], want[3*page] = 0xAA, 0x55
+	if fileBlocks(t, s) <= before {
+		t.Fatal("memfd holds no pages while registered")
+	}
+	if err := s.Unregister(lo, n); err != nil {
+		t.Fatal(err)
+	}
+	if v := mapping(t, lo); s.ours(v) || v.shared() {
+		t.Fatalf("after Unregister the range is still mapped %+v", v)
+	}
+	if !bytes.Equal(b, want) {
+		t.Fatal("contents lost by deregistration")
+	}
+	if got := fileBlocks(t, s); got != before {
+		t.Fatalf("memfd holds %d blocks after deregistration, %d before", got, before)
+	}
+	if s.Registered() != 0 {
+		t.Fatalf("%d pages still counted", s.Registered())
+	}
+}
+
+// Overlapping registrations share pages; a page leaves only with its last.
+func TestOverlappingRegistrations(t *testing.T) {
+	s, _ := Default()
+	page := uintptr(os.Getpagesize())
+	b := anon(t, int(6*page), unix.PROT_READ|unix.PROT_WRITE)
+	a := addr(b)
+	if err := s.Register(a, 3*page, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(a+2*page+10, 3*page, false); err != nil {
+		t.Fatal(err)
+	}
+	b[2*page] = 9
+	if err := s.Unregister(a, 3*page); err != nil {
+		t.Fatal(err)
+	}
+	if s.ours(mapping(t, a)) {
+		t.Fatal("page 0 still on the memfd with no registration")
+	}
+	if !s.ours(mapping(t, a+2*page)) {
+		t.Fatal("page 2 left the memfd while the second registration holds it")
+	}
+	if err := s.Unregister(a+2*page+10, 3*page); err != nil {
+		t.Fatal(err)
+	}
+	if s.ours(mapping(t, a+2*page)) || b[2*page] != 9 {
+		t.Fatal("page 2 not back, or its contents lost")
+	}
+	if err := s.Unregister(a, page); !errors.Is(err, ErrNotHeld) {
+		t.Fatalf("unregistering an unregistered range: %v", err)
+	}
+}
+
+// What a process does not own, or may not write, is refused; nothing moves.
+func TestRegisterRefuses(t *testing.T) {
+	s, _ := Default()
+	page := uintptr(os.Getpagesize())
+	b := anon(t, int(4*page), unix.PROT_READ|unix.PROT_WRITE)
+	if err := unix.MunmapPtr(unsafe.Pointer(&b[page]), page); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(addr(b), 3*page, false); !errors.Is(err, ErrNotMapped) {
+		t.Fatalf("range with a hole: %v", err)
+	}
+	if s.ours(mapping(t, addr(b))) {
+		t.Fatal("a refused registration moved pages")
+	}
+	ro := anon(t, int(page), unix.PROT_READ)
+	if err := s.Register(addr(ro), page, true); !errors.Is(err, ErrNotWritable) {
+		t.Fatalf("writable registration of read-only memory: %v", err)
+	}
+	if err := s.Register(addr(ro), page, false); err != nil {
+		t.Fatalf("read-only registration of read-only memory: %v", err)
+	}
+	if v := mapping(t, addr(ro)); !s.ours(v) || v.prot() != unix.PROT_READ {
+		t.Fatalf("read-only memory moved as %+v", v)
+	}
+	if err := s.Unregister(addr(ro), page); err != nil {
+		t.Fatal(err)
+	}
+	none := anon(t, int(page), unix.PROT_NONE)
+	if err := s.Register(addr(none), page, false); !errors.Is(err, ErrNotReadable) {
+		t.Fatalf("PROT_NONE memory: %v", err)
+	}
+	sh, err := unix.Mmap(-1, 0, int(page), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(sh)
+	if err := s.Register(addr(sh), page, true); !errors.Is(err, ErrShared) {
+		t.Fatalf("shared mapping: %v", err)
+	}
+	for _, r := range [][2]uintptr{{0x1000, 0}, {^uintptr(0) - 10, 100}, {1 << 58, page}} {
+		if err := s.Register(r[0], r[1], false); !errors.Is(err, ErrRange) {
+			t.Fatalf("range %#x+%d: %v", r[0], r[1], err)
+		}
+	}
+}
+
+// A buffer the process unmapped before deregistering: the pages are
+// released and whatever is mapped there later is left alone.
+func TestUnregisterAfterUnmap(t *testing.T) {
+	s, _ := Default()
+	page := uintptr(os.Getpagesize())
+	before := fileBlocks(t, s)
+	b, err := unix.Mmap(-1, 0, int(2*page), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[0] = 1
+	a := addr(b)
+	if err := s.Register(a, 2*page, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Munmap(b); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Unregister(a, 2*page); err != nil {
+		t.Fatal(err)
+	}
+	if got := fileBlocks(t, s); got != before {
+		t.Fatalf("memfd holds %d blocks, %d before", got, before)
+	}
+}
+
+func TestParseMapsLine(t *testing.T) {
+	v, err := parseMapsLine("7f00a000-7f00c000 rw-s 7f00a000 00:01 4242    /memfd:softrnic-registered (deleted)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.start != 0x7f00a000 || v.end != 0x7f00c000 || !v.shared() || v.off != 0x7f00a000 || v.ino != 4242 ||
+		v.dev != unix.Mkdev(0, 1) || v.path != "/memfd:softrnic-registered (deleted)" {
+		t.Fatalf("%+v", v)
+	}
+	for _, bad := range []string{"", "x-y rw-p 0 0:0 0", "1000-2000 rw 0 00:00 0", "1000-2000 rw-p 0 0000 0"} {
+		if _, err := parseMapsLine(bad); err == nil {
+			t.Fatalf("%q parsed", bad)
+		}
+	}
+}
