@@ -7,11 +7,15 @@ import (
 	"github.com/softrnic/softrnic/internal/shm"
 )
 
-// Segment is a piece of an LMR (a DAT LMR triplet).
+// Segment is a piece of an LMR (a DAT LMR triplet). With LMR nil, Context
+// names the LMR and Offset is the address itself (a DAT triplet's
+// lmr_context and virtual_address as given): the daemon checks them, and a
+// bad one completes the request with a protection error, as an RNIC would.
 type Segment struct {
-	LMR    *LMR
-	Offset uint64
-	Length uint32
+	LMR     *LMR
+	Offset  uint64
+	Length  uint32
+	Context uint32
 }
 
 // RemoteBuffer is a peer's memory (a DAT RMR triplet): its context (STag)
@@ -42,7 +46,11 @@ func toSGL(segs []Segment, max int) ([shm.RingSGE]shm.SGE, uint8, error) {
 	}
 	for i, s := range segs {
 		if s.LMR == nil {
-			return sgl, 0, fmt.Errorf("%w: segment %d has no LMR", ErrInvalidParameter, i)
+			if s.Context == 0 {
+				return sgl, 0, fmt.Errorf("%w: segment %d has no LMR", ErrInvalidParameter, i)
+			}
+			sgl[i] = shm.SGE{LKey: s.Context, Length: s.Length, Addr: s.Offset}
+			continue
 		}
 		sgl[i] = shm.SGE{LKey: s.LMR.Context, Length: s.Length, Addr: s.LMR.Address(s.Offset)}
 	}
@@ -106,6 +114,55 @@ func (e *EP) PostRead(cookie uint64, into Segment, from RemoteBuffer, flags Flag
 		return err
 	}
 	return e.postSQ(&shm.SQE{Op: shm.SQRead, Flags: shm.WRFlags(flags), NSGE: n, ID: cookie, RemoteSTag: from.Context, RemoteTO: from.Address, SGL: sgl})
+}
+
+// PostReadv posts an RDMA Read of the peer's buffer scattered into up to
+// four local segments (a DAT Read with several local segments). iWARP's
+// Read Request names one sink, so it posts one Read per segment, each
+// reading the next part of the peer's buffer: all of them or, when the
+// ring has no room for all, none (ErrQueueFull). Only the last carries
+// Signaled; its completion's Length is its own segment's.
+func (e *EP) PostReadv(cookie uint64, into []Segment, from RemoteBuffer, flags Flags) error {
+	if len(into) == 0 || len(into) > shm.RingSGE {
+		return fmt.Errorf("%w: %d segments for a Read, 1 to %d", ErrInvalidParameter, len(into), shm.RingSGE)
+	}
+	sqes := make([]shm.SQE, len(into))
+	for i, s := range into {
+		sgl, n, err := toSGL(into[i:i+1], 1)
+		if err != nil {
+			return err
+		}
+		f := flags
+		if i < len(into)-1 {
+			f &^= Signaled
+		}
+		sqes[i] = shm.SQE{Op: shm.SQRead, Flags: shm.WRFlags(f), NSGE: n, ID: cookie, RemoteSTag: from.Context, RemoteTO: from.Address, SGL: sgl}
+		from.Address += uint64(s.Length)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sq == nil {
+		return fmt.Errorf("post: %w: the EP has no QP (no PZ)", ErrInvalidState)
+	}
+	room, err := e.sq.Room()
+	if err != nil {
+		return fmt.Errorf("post: %w", err)
+	}
+	if room < len(sqes) {
+		return ErrQueueFull
+	}
+	for i := range sqes {
+		slot, err := e.sq.Reserve()
+		if err != nil || slot == nil {
+			return fmt.Errorf("post: ring changed under the producer: %w", shm.ErrCorrupt)
+		}
+		sqes[i].Encode(slot)
+		e.sq.Commit()
+	}
+	if e.sq.Flags()&shm.NeedWakeup != 0 {
+		return e.ready()
+	}
+	return nil
 }
 
 // PostFetchAdd adds to the peer's 8-octet value; the original lands in

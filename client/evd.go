@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -42,6 +43,9 @@ type EVD struct {
 	ring   *shm.Ring
 	notify *os.File
 	mu     sync.Mutex // one consumer at a time
+	// interrupt: Interrupt was called; the next WaitTimeout to wake
+	// returns ErrInterrupted.
+	interrupt atomic.Bool
 }
 
 // CreateEVD creates an event dispatcher.
@@ -244,6 +248,83 @@ func (e *EVD) Wait(ctx context.Context) (Event, error) {
 			return Event{}, err
 		}
 	}
+}
+
+// WaitTimeout is Wait with a timeout instead of a context (d < 0: none),
+// for callers that wait once per operation: it allocates nothing. It
+// returns when at least threshold events are waiting (threshold < 1 counts
+// as 1), with the first of them and how many more there are.
+func (e *EVD) WaitTimeout(d time.Duration, threshold int) (ev Event, more int, err error) {
+	var deadline time.Time
+	if d >= 0 {
+		deadline = time.Now().Add(d)
+	}
+	threshold = max(threshold, 1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for {
+		if n := e.pending(); n >= threshold {
+			ev, ok, err := e.dequeue()
+			if ok || err != nil {
+				return ev, n - 1, err
+			}
+		}
+		e.ring.SetFlags(shm.Armed)
+		if n := e.pending(); n >= threshold {
+			continue
+		}
+		if e.ia.gone.Load() {
+			return Event{}, 0, e.errGone()
+		}
+		if e.ia.ended.Load() {
+			return Event{}, 0, fmt.Errorf("EVD %d: %w", e.h, ErrClosed)
+		}
+		if e.interrupt.Swap(false) {
+			return Event{}, 0, ErrInterrupted
+		}
+		if err := waitDeadline(e.notify, deadline); err != nil {
+			return Event{}, 0, err
+		}
+	}
+}
+
+// ErrInterrupted: Interrupt woke a WaitTimeout.
+var ErrInterrupted = errors.New("client: wait interrupted")
+
+// Interrupt makes a WaitTimeout sleeping now (or the next one that would
+// sleep) return ErrInterrupted.
+func (e *EVD) Interrupt() {
+	e.interrupt.Store(true)
+	e.wake()
+}
+
+// Pending is the number of events waiting.
+func (e *EVD) Pending() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pending()
+}
+
+func (e *EVD) pending() int {
+	n := e.ring.Produced() - e.ring.Consumed()
+	return int(min(n, e.ring.Entries()))
+}
+
+// waitDeadline blocks until the eventfd is signalled or the deadline (zero:
+// none) passes.
+func waitDeadline(f *os.File, deadline time.Time) error {
+	_ = f.SetReadDeadline(deadline)
+	err := shm.Wait(f)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			return fmt.Errorf("wait: %w", ErrTimeout)
+		}
+		return nil // a stale deadline from an earlier wait
+	}
+	return fmt.Errorf("wait: %w", err)
 }
 
 // waitFile blocks until the eventfd is signalled or ctx ends.

@@ -5,11 +5,12 @@ import "encoding/binary"
 // Entry sizes.
 const (
 	SQESize = 128
-	RQESize = 64
+	RQESize = 128
 	EVESize = 64
-	// RingSGE is the most SGEs a ring entry carries.
+	// RingSGE is the most SGEs a ring entry carries, send or receive
+	// (four: what DAT consumers such as dapltest expect of an EP).
 	RingSGE = 4
-	RQSGE   = 3
+	RQSGE   = 4
 )
 
 var ne = binary.NativeEndian
@@ -71,7 +72,7 @@ func DecodeSQE(slot []byte) SQE {
 	return e
 }
 
-// RQE is a receive-queue entry: 0 id | 8 nsge | 16 sge[3].
+// RQE is a receive-queue entry: 0 id | 8 nsge | 16 sge[4] | 80 unused.
 type RQE struct {
 	ID   uint64
 	NSGE uint8

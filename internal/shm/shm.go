@@ -104,6 +104,16 @@ func (r *Ring) Reserve() ([]byte, error) {
 	return r.slot(r.local), nil
 }
 
+// Room returns how many entries Reserve can fill before the consumer
+// frees more.
+func (r *Ring) Room() (int, error) {
+	used := r.local - atomic.LoadUint32(r.word(offCons))
+	if used > r.entries {
+		return 0, ErrCorrupt
+	}
+	return int(r.entries - used), nil
+}
+
 // Commit publishes the entry Reserve returned.
 func (r *Ring) Commit() {
 	r.local++

@@ -131,7 +131,7 @@ func TestEntryRoundTrips(t *testing.T) {
 	if DecodeSQE(b[:]) != s {
 		t.Fatal("SQE")
 	}
-	r := RQE{ID: 5, NSGE: 3, SGL: [RQSGE]SGE{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}}
+	r := RQE{ID: 5, NSGE: 4, SGL: [RQSGE]SGE{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}, {10, 11, 12}}}
 	r.Encode(b[:RQESize])
 	if DecodeRQE(b[:RQESize]) != r {
 		t.Fatal("RQE")
