@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"sync/atomic"
+	"syscall"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/tcp"
 )
 
 // batch bounds the work taken from one ring per step, so one busy EP does
@@ -195,10 +197,14 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		}
 		// digest 003 rule 11: a disconnect the consumer asked for,
 		// graceful or abrupt, ends in DISCONNECTED, whatever the
-		// connection's own end was; BROKEN is for a connection that
-		// broke (reset, loss, protocol error) while CONNECTED.
+		// connection's own end was. So does the peer's abrupt
+		// disconnect, a TCP reset (digest 003 §2: a "DISCONNECTED
+		// upcall"; libdaplofa over iw_cm reports it so, and DAT
+		// programs such as dapltest wait for it). BROKEN is for a
+		// connection that broke while CONNECTED: loss, a Terminate, a
+		// protocol error.
 		ev2 := ctl.EvDisconnected
-		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending {
+		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending && !peerReset(ev.Err) {
 			ev2 = ctl.EvBroken
 		}
 		e.state = ctl.EPDisconnected
@@ -207,6 +213,11 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 			s.dropEP(e)
 		}
 	}
+}
+
+// peerReset: the connection ended with the peer's reset.
+func peerReset(err error) bool {
+	return errors.Is(err, tcp.ErrReset) || errors.Is(err, syscall.ECONNRESET)
 }
 
 // applyRequest turns a request at a PSP into a CR for the client.

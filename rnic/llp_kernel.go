@@ -565,7 +565,7 @@ func (kc *kernelConn) writeFailed(err error) {
 		kc.err = err
 	}
 	if kc.llp.Ready() && q != nil {
-		q.eng.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+		q.eng.LLPClosed(fmt.Errorf("%w: %w", ddp.LLPConnectionLost, err))
 	}
 	kc.Abort()
 	kc.txBusy = false

@@ -327,7 +327,7 @@ func (e *mpaConn) Event(c stream, ev tcp.Event) {
 	case tcp.EventClosed:
 		if e.ready {
 			if err := c.Err(); err != nil {
-				e.qp.LLPClosed(fmt.Errorf("%w: %v", ddp.LLPConnectionLost, err))
+				e.qp.LLPClosed(fmt.Errorf("%w: %w", ddp.LLPConnectionLost, err))
 			} else {
 				e.qp.LLPClosed(nil)
 			}
