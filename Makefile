@@ -3,7 +3,10 @@
 #   make demo      two hosts (namespaces), two daemons, RDMA traffic, results
 #   make test      install what the tests need, then go test -race over the tree
 #   make interop   softrnic against Linux siw in a QEMU guest: pass/fail table
-#   make build     build every package and command
+#   make build     build every package and command, and the uDAPL provider
+#                  build/libdaplsoftrnic.so.2
+#   make install   softrnicd and the tools into $(PREFIX)/bin, the provider into
+#                  $(PREFIX)/lib, and (IFACE=dev) its dat.conf entry into /etc/dat.conf
 #   make lint      gofmt, go vet, staticcheck
 #   make generate  regenerate committed generated code
 #   make fuzz      run every fuzz target for FUZZTIME each (default 20s)
@@ -25,12 +28,34 @@ GO ?= go
 FUZZTIME ?= 20s
 PKGS := ./...
 
-.PHONY: all build demo test interop deps lint generate fuzz corpus bench microbench clean
+PREFIX ?= /usr/local
+DAT_CONF ?= /etc/dat.conf
+DAT_NAME ?= softrnic0
+
+.PHONY: all build install demo test interop deps lint generate fuzz corpus bench microbench clean
 
 all: build
 
 build:
+	bash hack/deps.sh build
 	$(GO) build $(PKGS)
+	$(GO) build -buildmode=c-shared -o build/libdaplsoftrnic.so.2 ./dapl
+	@rm -f build/libdaplsoftrnic.so.h
+
+# The dat.conf entry names the interface and the daemon's control socket
+# (IFACE=, SOCKET= default /run/softrnic/IFACE.sock): without IFACE it is
+# printed, not written.
+install: build
+	install -d $(PREFIX)/bin $(PREFIX)/lib
+	$(GO) build -o $(PREFIX)/bin/ ./cmd/softrnicd ./cmd/softrnic-perf ./cmd/softrnic-ping ./cmd/softrnic-dump
+	install -m 0755 build/libdaplsoftrnic.so.2 $(PREFIX)/lib/
+	ldconfig
+	@line='$(DAT_NAME) u2.0 nonthreadsafe default libdaplsoftrnic.so.2 dapl.2.0 "$(if $(IFACE),$(IFACE),IFACE) $(if $(SOCKET),$(SOCKET),/run/softrnic/$(if $(IFACE),$(IFACE),IFACE).sock)" ""'; \
+	if [ -z "$(IFACE)" ]; then \
+		echo "install: no IFACE given; add this line to $(DAT_CONF), IFACE being softrnicd's interface:"; echo "  $$line"; \
+	elif grep -q '^$(DAT_NAME) ' $(DAT_CONF) 2>/dev/null; then \
+		echo "install: $(DAT_CONF) already has an entry for $(DAT_NAME); left as it is"; \
+	else echo "$$line" >> $(DAT_CONF); echo "install: added to $(DAT_CONF): $$line"; fi
 
 demo:
 	bash hack/demo.sh
@@ -90,4 +115,4 @@ microbench:
 	$(GO) test -run '^$$' -bench 'EngineSegments|IdleConnectionState' -benchmem ./tcp/
 
 clean:
-	rm -rf .tools
+	rm -rf .tools build

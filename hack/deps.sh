@@ -3,7 +3,8 @@
 # (apt-get update first, only when something is missing) and Go tools into
 # .tools/. Safe to run again; does nothing when everything is there.
 #
-#   hack/deps.sh test   # packages the tests use
+#   hack/deps.sh build  # packages the build needs (the DAT headers, libdat2)
+#   hack/deps.sh test   # packages the tests use, and the build's
 #   hack/deps.sh lint   # staticcheck
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,13 @@ declare -A test_pkgs=(
 # file -> Debian package, for packages that bring no command
 declare -A test_files=(
 	[/usr/include/bpf/bpf_helpers.h]=libbpf-dev # bpf: libbpf headers
+	[/usr/bin/dtest]=dapl2-utils                # systest: dtest, dapltest
+)
+
+# What the build needs: the uDAPL provider (dapl/) compiles against the DAT
+# headers and links libdat2 (libdapl-dev brings both).
+declare -A build_files=(
+	[/usr/include/dat2/udat.h]=libdapl-dev
 )
 
 apt_install() {
@@ -40,16 +48,28 @@ apt_install() {
 	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
+build_missing() {
+	for file in "${!build_files[@]}"; do
+		[ -e "$file" ] || missing+=("${build_files[$file]}")
+	done
+}
+
 case "${1:-test}" in
+build)
+	missing=()
+	build_missing
+	apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
+	;;
 test)
 	missing=()
+	build_missing
 	for cmd in "${!test_pkgs[@]}"; do
 		command -v "$cmd" >/dev/null 2>&1 || missing+=("${test_pkgs[$cmd]}")
 	done
 	for file in "${!test_files[@]}"; do
 		[ -e "$file" ] || missing+=("${test_files[$file]}")
 	done
-	apt_install "${missing[@]}"
+	apt_install $(printf '%s\n' "${missing[@]}" | sort -u)
 	;;
 lint)
 	GO=${GO:-go}
@@ -60,7 +80,7 @@ lint)
 	fi
 	;;
 *)
-	echo "usage: hack/deps.sh test|lint" >&2
+	echo "usage: hack/deps.sh build|test|lint" >&2
 	exit 2
 	;;
 esac
