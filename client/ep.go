@@ -238,6 +238,20 @@ func (e *EP) Query() (EPInfo, error) {
 	return EPInfo{State: EPState(r.State), LocalAddr: r.LocalAddr, RemoteAddr: r.RemoteAddr, PrivateData: r.PrivateData, HasQP: r.HasQP}, nil
 }
 
+// PostableState is the EP's state as the daemon last published it in the
+// send ring, read without a call (false: the EP has no QP yet). DAT
+// refuses a Send, Write or Read posted while an EP is neither CONNECTED
+// nor DISCONNECTED with DAT_INVALID_STATE; this lets a provider do so at
+// no cost.
+func (e *EP) PostableState() (EPState, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.sq == nil {
+		return 0, false
+	}
+	return EPState(e.sq.State()), true
+}
+
 // State is the EP's state.
 func (e *EP) State() (EPState, error) {
 	i, err := e.Query()

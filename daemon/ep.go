@@ -62,6 +62,15 @@ type ep struct {
 	cancelConnect context.CancelFunc
 }
 
+// setState changes the EP's state and publishes it in its send ring's
+// header, where the client checks a post's state without asking (s.mu).
+func (e *ep) setState(st uint8) {
+	e.state = st
+	if e.sq != nil {
+		e.sq.PublishState(uint32(st))
+	}
+}
+
 type psp struct {
 	h        uint32
 	ln       *rnic.Listener
@@ -253,6 +262,7 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 	// the EP on its queue.
 	sq.SetFlags(shm.NeedWakeup)
 	rq.SetFlags(shm.NeedWakeup)
+	sq.PublishState(uint32(e.state))
 	e.ringMu.Lock()
 	e.qp, e.sq, e.rq, e.sqOff, e.rqOff, e.slot, e.queue = q, sq, rq, sqOff, rqOff, slot, ready
 	e.ringMu.Unlock()
@@ -378,7 +388,7 @@ func (s *session) connect(req *ctl.Connect) error {
 		s.mu.Unlock()
 		return fail(ctl.InvalidParameter, "address %q: want IPv4 host:port", req.Addr)
 	}
-	e.state = ctl.EPActivePending
+	e.setState(ctl.EPActivePending)
 	e.remote = ap.String()
 	q := e.qp
 	s.drainRQ(e) // receives posted before connecting, as at accept
@@ -418,7 +428,7 @@ func (s *session) connect(req *ctl.Connect) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.objects[e.h] == e && e.state == ctl.EPActivePending {
-		e.state = ctl.EPUnconnected
+		e.setState(ctl.EPUnconnected)
 		e.remote = ""
 	}
 	return resources("connect", err)
@@ -452,7 +462,7 @@ func (s *session) disconnect(req *ctl.Disconnect) error {
 	s.drainRings(e)
 	switch e.state {
 	case ctl.EPConnected:
-		e.state = ctl.EPDisconnectPending
+		e.setState(ctl.EPDisconnectPending)
 		e.qp.Disconnect(req.Graceful)
 	case ctl.EPDisconnectPending:
 		if req.Graceful {
@@ -494,7 +504,8 @@ func (s *session) resetEP(h uint32) error {
 				return fail(ctl.InternalError, "%v", err)
 			}
 		}
-		e.state, e.remote, e.peerPD = ctl.EPUnconnected, "", nil
+		e.setState(ctl.EPUnconnected)
+		e.remote, e.peerPD = "", nil
 		return nil
 	}
 	return fail(ctl.InvalidState, "reset an EP in %s", ctl.EPStateName(e.state))
@@ -583,10 +594,10 @@ func (s *session) createRSP(req *ctl.CreateRSP) (any, []*os.File, error) {
 		return nil, nil, fail(ctl.InvalidState, "RSP on an EP in %s", ctl.EPStateName(target.state))
 	}
 	// Reserved before the accept loop starts, back if it does not.
-	target.state = ctl.EPReserved
+	target.setState(ctl.EPReserved)
 	reply, files, err := s.startPSP(&psp{rsp: target}, req.EVD, req.Port, "an RSP")
 	if err != nil {
-		target.state = ctl.EPUnconnected
+		target.setState(ctl.EPUnconnected)
 	}
 	return reply, files, err
 }
@@ -628,7 +639,7 @@ func (s *session) freePSP(h uint32) error {
 	s.forget(h)
 	p.evd.refs--
 	if p.rsp != nil && p.rsp.state == ctl.EPReserved {
-		p.rsp.state = ctl.EPUnconnected
+		p.rsp.setState(ctl.EPUnconnected)
 	}
 	s.mu.Unlock()
 	return p.ln.Close()
@@ -668,7 +679,7 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 		return fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData))
 	}
 	entry := target.state
-	target.state = ctl.EPCompletionPending
+	target.setState(ctl.EPCompletionPending)
 	target.remote = c.req.RemoteAddr.String()
 	target.local = c.req.LocalAddr.String()
 	target.peerPD = c.req.PrivateData
@@ -680,7 +691,7 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 	s.mu.Unlock()
 	if err := c.req.Accept(q, req.PrivateData); err != nil {
 		s.mu.Lock()
-		target.state = entry // roll back to the entry state
+		target.setState(entry) // roll back to the entry state
 		s.mu.Unlock()
 		if errors.Is(err, rnic.ErrAnswered) {
 			return fail(ctl.InvalidState, "the connection request timed out or was answered")
@@ -700,7 +711,7 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 	s.forget(c.h)
 	if c.ep != nil {
 		if c.psp.rsp != nil {
-			c.ep.state = ctl.EPUnconnected
+			c.ep.setState(ctl.EPUnconnected)
 		} else {
 			s.dropEP(c.ep) // the provider's EP goes with its request
 		}

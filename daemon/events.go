@@ -151,7 +151,7 @@ func (s *session) apply(pe *pendingEvent) {
 		if s.objects[e.h] != e {
 			return
 		}
-		e.state = ctl.EPDisconnected
+		e.setState(ctl.EPDisconnected)
 		if errors.Is(pe.connectErr, rnic.ErrResources) {
 			// Ran short after the connect was answered (a local
 			// port the kernel found taken): the operator must hear.
@@ -183,7 +183,7 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 			e.peerPD = ev.PrivateData
 		}
 		if e.state == ctl.EPActivePending || e.state == ctl.EPCompletionPending {
-			e.state = ctl.EPConnected
+			e.setState(ctl.EPConnected)
 			e.local, e.remote = e.qp.Addrs()
 			s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ctl.EvEstablished})
 		}
@@ -207,7 +207,7 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending && !peerReset(ev.Err) {
 			ev2 = ctl.EvBroken
 		}
-		e.state = ctl.EPDisconnected
+		e.setState(ctl.EPDisconnected)
 		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2})
 		if e.freeing {
 			s.dropEP(e)
@@ -234,7 +234,7 @@ func (s *session) applyRequest(p *psp, req *rnic.ConnRequest) {
 			return
 		}
 		c.ep = p.rsp
-		c.ep.state = ctl.EPPassivePending
+		c.ep.setState(ctl.EPPassivePending)
 	case p.provider:
 		// DAT_PSP_PROVIDER_FLAG: an EP with no PZ and no QP, in
 		// TENTATIVE_CONNECTION_PENDING (digest 003 §2).

@@ -668,7 +668,7 @@ func (s *session) disconnectAll() {
 			continue
 		}
 		s.drainRings(e)
-		e.state = ctl.EPDisconnectPending
+		e.setState(ctl.EPDisconnectPending)
 		e.qp.Disconnect(true)
 	}
 }

@@ -580,6 +580,11 @@ func srnPost(h C.DAT_EP_HANDLE, what C.int, n C.DAT_COUNT, iov *C.DAT_LMR_TRIPLE
 	if flags&C.DAT_COMPLETION_BARRIER_FENCE_FLAG != 0 {
 		f |= client.Fence
 	}
+	if what != C.SRN_POST_RECV {
+		if rc := ep.postable(); rc != datSuccess {
+			return rc
+		}
+	}
 	id := uint64(cookie)
 	var err error
 	switch what {
@@ -601,6 +606,26 @@ func srnPost(h C.DAT_EP_HANDLE, what C.int, n C.DAT_COUNT, iov *C.DAT_LMR_TRIPLE
 		return arg(2)
 	}
 	return status(err)
+}
+
+// postable: a Send, Write or Read may be posted: the EP is CONNECTED (or
+// disconnecting, or DISCONNECTED: the request is flushed), as DAT says.
+func (ep *epObj) postable() C.DAT_RETURN {
+	st, ok := ep.ep.PostableState()
+	if !ok {
+		return datInvalidState | C.DAT_INVALID_STATE_EP_UNCONFIGURED
+	}
+	switch uint8(st) {
+	case ctl.EPConnected, ctl.EPDisconnectPending, ctl.EPDisconnected:
+		return datSuccess
+	case ctl.EPUnconnected:
+		return datInvalidState | C.DAT_INVALID_STATE_EP_UNCONNECTED
+	case ctl.EPActivePending:
+		return datInvalidState | C.DAT_INVALID_STATE_EP_ACTCONNPENDING
+	case ctl.EPCompletionPending:
+		return datInvalidState | C.DAT_INVALID_STATE_EP_COMPLPENDING
+	}
+	return datInvalidState
 }
 
 // postRead posts the Read (client.PostReadv splits it per local segment)

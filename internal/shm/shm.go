@@ -11,6 +11,9 @@
 //	192  room wanted (u32, event rings): the daemon has events waiting
 //	     for room; the client rings the doorbell when it takes one.
 //	     Queued (request rings): the endpoint is on its ready queue
+//	224  EP state (u32, send rings): the daemon publishes its endpoint's
+//	     state (ctl.EP*) here, so that a client checks a post without a
+//	     call; advisory (the daemon checks again)
 //	256  entries, each EntrySize octets, Entries a power of two
 //
 // A session's rings are blocks of one region (Heap). An endpoint's two
@@ -44,6 +47,7 @@ const (
 	offCons    = 64
 	offFlags   = 128
 	offWanted  = 192
+	offState   = 224
 
 	// NeedWakeup (request rings): the daemon sleeps; ring the doorbell.
 	NeedWakeup = 1
@@ -103,6 +107,12 @@ func (r *Ring) Reserve() ([]byte, error) {
 	}
 	return r.slot(r.local), nil
 }
+
+// PublishState stores the endpoint's state in the header (the daemon).
+func (r *Ring) PublishState(v uint32) { atomic.StoreUint32(r.word(offState), v) }
+
+// State is the state PublishState stored last.
+func (r *Ring) State() uint32 { return atomic.LoadUint32(r.word(offState)) }
 
 // Room returns how many entries Reserve can fill before the consumer
 // frees more.

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/internal/testenv"
+)
+
+// TestHostileConsumer runs testdata/hostile.c, a DAT program that hands
+// the provider freed handles, handles of another IA, calls in the wrong EP
+// state, oversized posts and memory it does not own, through libdat2 and
+// the provider built as make build builds it, against a daemon on the
+// loopback. Every check must get its DAT error (or an error completion);
+// after it, the provider and the daemon still serve.
+func TestHostileConsumer(t *testing.T) {
+	cc := testenv.RequireTool(t, "cc")
+	gobin := testenv.RequireTool(t, "go")
+	if _, err := os.Stat("/usr/include/dat2/udat.h"); err != nil {
+		testenv.Unmet(t, "needs the DAT headers (libdapl-dev; make deps installs it)")
+	}
+	dir := t.TempDir()
+	lib := filepath.Join(dir, "libdaplsoftrnic.so.2")
+	if out, err := exec.Command(gobin, "build", "-buildmode=c-shared", "-o", lib, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build the provider: %v\n%s", err, out)
+	}
+	prog := filepath.Join(dir, "hostile")
+	if out, err := exec.Command(cc, "-O1", "-Wall", "-o", prog, "testdata/hostile.c", "-ldat2").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "lo.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	defer func() {
+		srv.Close()
+		<-done
+	}()
+	conf := filepath.Join(dir, "dat.conf")
+	line := fmt.Sprintf("hostile0 u2.0 nonthreadsafe default %s dapl.2.0 \"lo %s\" \"\"\n", lib, sock)
+	if err := os.WriteFile(conf, []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, prog, "hostile0", fmt.Sprint(freePort(t)))
+	cmd.Env = append(os.Environ(), "DAT_OVERRIDE="+conf)
+	out, err := cmd.CombinedOutput()
+	t.Logf("%s", out)
+	if err != nil {
+		t.Fatalf("hostile consumer: %v", err)
+	}
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "after"})
+	if err != nil {
+		t.Fatalf("the daemon no longer serves: %v", err)
+	}
+	if st, err := ia.Stats(); err != nil || st.EP != 0 || st.PSP != 0 {
+		t.Errorf("after the hostile consumer: %+v, %v (want no EP or PSP left)", st, err)
+	}
+	ia.Close()
+}
+
+func freePort(t *testing.T) uint16 {
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return uint16(l.Addr().(*net.TCPAddr).Port)
+}
