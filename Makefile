@@ -15,7 +15,9 @@
 #                  table, bench/results.json, bench/*.png, issue 15's targets against
 #                  an old build alternated with this one (MTU=, CRC=, BASELINE=git ref),
 #                  then issue 16's scale table: 10,000 QPs per daemon pair on each
-#                  datapath, memory, fds, CPU, setup and teardown (SCALE_N=, 0 skips)
+#                  datapath, memory, fds, CPU, setup and teardown (SCALE_N=, 0 skips),
+#                  then issue 17's: RDMA Write through the uDAPL provider (dapltest -T P)
+#                  beside the Go client, bench/dapl.json (DAPL_BENCH=0 skips)
 #   make microbench Go benchmarks: codecs, engine over loopback, daemon + client,
 #                   header checksums, the TCP engine (segments/s, bytes per idle connection)
 
@@ -104,6 +106,7 @@ corpus: fuzz
 
 bench:
 	bash hack/bench.sh
+	@if [ "$${DAPL_BENCH:-1}" != 0 ]; then bash hack/bench-dapl.sh; fi
 
 # Codec throughput beside the bare CRC32c; the engine over loopback TCP
 # beside plain kernel TCP; the same through daemon and client; in one run.

@@ -32,6 +32,7 @@ func newFlagSet(o *opts, h flag.ErrorHandling) *flag.FlagSet {
 	fs.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC")
 	fs.BoolVar(&o.perftest, "perftest", false, "speak perftest's -R exchange (write_bw, read_bw), to test against ib_*_bw -R")
 	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
+	fs.BoolVar(&o.polled, "poll", false, "bandwidth tests: take completions by polling (yielding between looks unless --busy) instead of sleeping; with -t 1 each operation's time is its post-to-completion latency, as dapltest -T P measures it")
 	fs.BoolVar(&o.busy, "busy", false, "latency tests: spin on memory or completions without yielding the processor between looks, as perftest does")
 	return fs
 }

@@ -74,6 +74,7 @@ type opts struct {
 	testNumber int
 	perftest   bool
 	busy       bool
+	polled     bool
 }
 
 // Result is one line of output (and of --json).
@@ -717,7 +718,13 @@ func (p *peer) bandwidth(ctx context.Context, size int, r Result) (Result, error
 		if posted == done {
 			break // duration over
 		}
-		if _, err := reap(ctx, p.sends); err != nil {
+		var err error
+		if p.o.polled {
+			_, err = p.o.reapPolled(ctx, p.sends)
+		} else {
+			_, err = reap(ctx, p.sends)
+		}
+		if err != nil {
 			return r, err
 		}
 		done++
