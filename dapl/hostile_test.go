@@ -23,7 +23,16 @@ import (
 // the provider built as make build builds it, against a daemon on the
 // loopback. Every check must get its DAT error (or an error completion);
 // after it, the provider and the daemon still serve.
-func TestHostileConsumer(t *testing.T) {
+func TestHostileConsumer(t *testing.T) { runDATProgram(t, "hostile.c") }
+
+// TestDATSemantics runs testdata/semantics.c: the calls and flags dtest
+// and dapltest leave out, checked for what DAT says they do.
+func TestDATSemantics(t *testing.T) { runDATProgram(t, "semantics.c") }
+
+// runDATProgram builds the provider and testdata/src, runs it against a
+// daemon on the loopback, and fails on its failures; afterwards the daemon
+// must still serve and hold no EP or PSP.
+func runDATProgram(t *testing.T, src string) {
 	cc := testenv.RequireTool(t, "cc")
 	gobin := testenv.RequireTool(t, "go")
 	if _, err := os.Stat("/usr/include/dat2/udat.h"); err != nil {
@@ -34,8 +43,8 @@ func TestHostileConsumer(t *testing.T) {
 	if out, err := exec.Command(gobin, "build", "-buildmode=c-shared", "-o", lib, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build the provider: %v\n%s", err, out)
 	}
-	prog := filepath.Join(dir, "hostile")
-	if out, err := exec.Command(cc, "-O1", "-Wall", "-o", prog, "testdata/hostile.c", "-ldat2").CombinedOutput(); err != nil {
+	prog := filepath.Join(dir, "prog")
+	if out, err := exec.Command(cc, "-O1", "-Wall", "-o", prog, filepath.Join("testdata", src), "-ldat2", "-lpthread").CombinedOutput(); err != nil {
 		t.Fatalf("cc: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "lo.sock")
@@ -50,25 +59,25 @@ func TestHostileConsumer(t *testing.T) {
 		<-done
 	}()
 	conf := filepath.Join(dir, "dat.conf")
-	line := fmt.Sprintf("hostile0 u2.0 nonthreadsafe default %s dapl.2.0 \"lo %s\" \"\"\n", lib, sock)
+	line := fmt.Sprintf("test0 u2.0 nonthreadsafe default %s dapl.2.0 \"lo %s\" \"\"\n", lib, sock)
 	if err := os.WriteFile(conf, []byte(line), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, prog, "hostile0", fmt.Sprint(freePort(t)))
+	cmd := exec.CommandContext(ctx, prog, "test0", fmt.Sprint(freePort(t)))
 	cmd.Env = append(os.Environ(), "DAT_OVERRIDE="+conf)
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
 	if err != nil {
-		t.Fatalf("hostile consumer: %v", err)
+		t.Fatalf("%s: %v", src, err)
 	}
 	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "after"})
 	if err != nil {
 		t.Fatalf("the daemon no longer serves: %v", err)
 	}
 	if st, err := ia.Stats(); err != nil || st.EP != 0 || st.PSP != 0 {
-		t.Errorf("after the hostile consumer: %+v, %v (want no EP or PSP left)", st, err)
+		t.Errorf("after %s: %+v, %v (want no EP or PSP left)", src, st, err)
 	}
 	ia.Close()
 }
