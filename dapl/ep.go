@@ -646,3 +646,6 @@ func (ep *epObj) postRead(id uint64, segs []client.Segment, from client.RemoteBu
 	}
 	return nil
 }
+
+// qualOf is a qualifier from a Go integer (tests cannot name C types).
+func qualOf(q uint64) C.DAT_CONN_QUAL { return C.DAT_CONN_QUAL(q) }

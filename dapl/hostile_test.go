@@ -90,3 +90,16 @@ func freePort(t *testing.T) uint16 {
 	defer l.Close()
 	return uint16(l.Addr().(*net.TCPAddr).Port)
 }
+
+// Connection qualifiers map to ports as libdaplofa maps them, so that the
+// two meet: up to 65535 as is, larger folded into 33534..65534.
+func TestQualPort(t *testing.T) {
+	for _, c := range []struct {
+		q    uint64
+		port uint16
+	}{{45248, 45248}, {62001, 62001}, {0xffff, 0xffff}, {0x10000, 65536%32001 + 33534}, {1 << 40, uint16((1<<40)%32001 + 33534)}} {
+		if got := qualPort(qualOf(c.q)); got != c.port {
+			t.Errorf("qualifier %d: port %d, want %d", c.q, got, c.port)
+		}
+	}
+}
