@@ -24,9 +24,14 @@
 //     page-table rebuild; deregistration the same. Registered memory is
 //     shared memory (shmem) while registered: it counts as such, and
 //     transparent huge pages do not apply to it.
-//   - Writes another thread makes to the range during the copy (between
-//     step 1 and 2, or in deregistration's copy back) are lost. Register
-//     memory before handing it to other threads, as RDMA programs do.
+//   - Writes another thread makes to the range's pages during the copy
+//     (between step 1 and 2, or in deregistration's copy back) are lost.
+//     Register memory before handing it to other threads, as RDMA
+//     programs do. The first and last pages, which may hold other objects
+//     (malloc's neighbours of a buffer), move one page at a time, so that
+//     for them the window is that of a 4 KiB copy; glibc gives each
+//     thread its own arena, so such neighbours are mostly the
+//     registering thread's own.
 //   - After fork the child shares registered pages with the parent
 //     instead of copying them on write.
 //   - The memory must be the process's own, readable, and writable if
@@ -166,8 +171,15 @@ func (s *Space) Register(addr, length uintptr, write bool) error {
 		if s.ours(p.v) {
 			continue
 		}
-		if err := s.moveIn(p.start, p.end, p.v.prot()); err != nil {
-			return fmt.Errorf("register %#x+%d: %w", addr, length, err)
+		// The first and last pages may hold other data of the process
+		// (malloc puts other objects beside a buffer), which another
+		// thread may write while its page moves: each moves alone, so
+		// that the time between its copy and its remap is that of one
+		// page, not of the whole range.
+		for _, r := range splitEdges(p.start, p.end) {
+			if err := s.moveIn(r[0], r[1], p.v.prot()); err != nil {
+				return fmt.Errorf("register %#x+%d: %w", addr, length, err)
+			}
 		}
 	}
 	s.add(a, b)
@@ -201,9 +213,10 @@ func (s *Space) Unregister(addr, length uintptr) error {
 			if !s.ours(v) || v.end <= r.start || v.start >= r.end {
 				continue
 			}
-			start, end := max(v.start, r.start), min(v.end, r.end)
-			if err := s.moveOut(start, end, v.prot()); err != nil && first == nil {
-				first = err
+			for _, e := range splitEdges(max(v.start, r.start), min(v.end, r.end)) {
+				if err := s.moveOut(e[0], e[1], v.prot()); err != nil && first == nil {
+					first = err
+				}
 			}
 		}
 		// Whether or not the process still maps them (it may have
@@ -224,6 +237,15 @@ func (s *Space) Registered() (pages int) {
 		pages += int((r.end - r.start) / pageSize)
 	}
 	return pages
+}
+
+// splitEdges cuts [start, end) into its first page, the middle and its
+// last page (the middle first).
+func splitEdges(start, end uintptr) [][2]uintptr {
+	if end-start <= 2*pageSize {
+		return [][2]uintptr{{start, end}}
+	}
+	return [][2]uintptr{{start + pageSize, end - pageSize}, {start, start + pageSize}, {end - pageSize, end}}
 }
 
 // moveIn puts [start, end) on the memfd at offset start and maps it there.

@@ -265,3 +265,38 @@ func BenchmarkRegister(b *testing.B) {
 		}
 	}
 }
+
+// A range over several mappings of different protection moves piece by
+// piece, each keeping its protection, and comes back the same way.
+func TestRegisterAcrossMappings(t *testing.T) {
+	s, _ := Default()
+	page := os.Getpagesize()
+	b := anon(t, 8*page, unix.PROT_READ|unix.PROT_WRITE)
+	for i := range b {
+		b[i] = byte(i >> 12)
+	}
+	if err := unix.Mprotect(b[3*page:5*page], unix.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Register(addr(b)+10, uintptr(8*page-20), false); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []int{unix.PROT_READ | unix.PROT_WRITE, unix.PROT_READ, unix.PROT_READ | unix.PROT_WRITE} {
+		at := addr(b) + uintptr([]int{0, 3, 6}[i]*page)
+		if v := mapping(t, at); !s.ours(v) || v.prot() != want {
+			t.Fatalf("piece %d: %+v, want ours with protection %#x", i, v, want)
+		}
+	}
+	if err := s.Unregister(addr(b)+10, uintptr(8*page-20)); err != nil {
+		t.Fatal(err)
+	}
+	for i := range b {
+		if b[i] != byte(i>>12) {
+			t.Fatalf("octet %d changed", i)
+		}
+	}
+	if v := mapping(t, addr(b)+uintptr(4*page)); s.ours(v) || v.prot() != unix.PROT_READ {
+		t.Fatalf("the read-only piece came back as %+v", v)
+	}
+	b[7*page] = 1 // writable again
+}
