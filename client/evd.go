@@ -42,7 +42,9 @@ type EVD struct {
 	h      uint32
 	ring   *shm.Ring
 	notify *os.File
-	mu     sync.Mutex // one consumer at a time
+	// mu: one consumer of the ring at a time; a waiter holds it only
+	// while it looks, not while it sleeps.
+	mu sync.Mutex
 	// interrupt: Interrupt was called; the next WaitTimeout to wake
 	// returns ErrInterrupted.
 	interrupt atomic.Bool
@@ -227,15 +229,17 @@ func toOpcode(o shm.DTOOpcode) completion.Opcode {
 // it returns ErrClosed once the IA is closed and ErrDaemonGone once the
 // daemon has gone.
 func (e *EVD) Wait(ctx context.Context) (Event, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	for {
+		e.mu.Lock()
 		if ev, ok, err := e.dequeue(); ok || err != nil {
+			e.mu.Unlock()
 			return ev, err
 		}
 		// Arm, then look again: an event that raced in is not missed.
 		e.ring.SetFlags(shm.Armed)
-		if ev, ok, err := e.dequeue(); ok || err != nil {
+		ev, ok, err := e.dequeue()
+		e.mu.Unlock()
+		if ok || err != nil {
 			return ev, err
 		}
 		if e.ia.gone.Load() {
@@ -244,6 +248,7 @@ func (e *EVD) Wait(ctx context.Context) (Event, error) {
 		if e.ia.ended.Load() {
 			return Event{}, fmt.Errorf("EVD %d: %w", e.h, ErrClosed)
 		}
+		// Asleep without mu: a Dequeue meanwhile does not wait for us.
 		if err := waitFile(ctx, e.notify); err != nil {
 			return Event{}, err
 		}
@@ -260,17 +265,19 @@ func (e *EVD) WaitTimeout(d time.Duration, threshold int) (ev Event, more int, e
 		deadline = time.Now().Add(d)
 	}
 	threshold = max(threshold, 1)
-	e.mu.Lock()
-	defer e.mu.Unlock()
 	for {
+		e.mu.Lock()
 		if n := e.pending(); n >= threshold {
 			ev, ok, err := e.dequeue()
 			if ok || err != nil {
+				e.mu.Unlock()
 				return ev, n - 1, err
 			}
 		}
 		e.ring.SetFlags(shm.Armed)
-		if n := e.pending(); n >= threshold {
+		n := e.pending()
+		e.mu.Unlock()
+		if n >= threshold {
 			continue
 		}
 		if e.ia.gone.Load() {
@@ -282,6 +289,7 @@ func (e *EVD) WaitTimeout(d time.Duration, threshold int) (ev Event, more int, e
 		if e.interrupt.Swap(false) {
 			return Event{}, 0, ErrInterrupted
 		}
+		// Asleep without mu: a Dequeue meanwhile does not wait for us.
 		if err := waitDeadline(e.notify, deadline); err != nil {
 			return Event{}, 0, err
 		}

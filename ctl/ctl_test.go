@@ -46,11 +46,11 @@ func TestRoundTrip(t *testing.T) {
 
 func TestHeaderVector(t *testing.T) {
 	b, _ := Marshal(Header{Op: OpConnect, Flags: 0, ID: 0x01020304, Status: Timeout}, &Handle{H: 5})
-	want := []byte{'S', 'R', 0, 2, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
+	want := []byte{'S', 'R', 0, 3, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
 	if !bytes.Equal(b, want) {
 		t.Fatalf("got %x\nwant %x", b, want)
 	}
-	for _, bad := range [][]byte{b[:15], append([]byte{'X'}, b[1:]...), append([]byte{'S', 'R', 0, 1}, b[4:]...)} {
+	for _, bad := range [][]byte{b[:15], append([]byte{'X'}, b[1:]...), append([]byte{'S', 'R', 0, 2}, b[4:]...)} {
 		if _, _, err := ParseHeader(bad); !errors.Is(err, ErrMalformed) {
 			t.Fatalf("%x: %v", bad, err)
 		}

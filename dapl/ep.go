@@ -40,12 +40,25 @@ type epObj struct {
 	recv, req, conn *evdObj
 	attr            epAttr
 
-	// mu guards reads and the C half's private data.
+	// mu guards pz, recv, req, conn, attr (ep_modify changes them),
+	// active, reads and the C half's addresses and private data.
 	mu sync.Mutex
+	// modifyMu serializes ep_modify (held across the daemon's call).
+	modifyMu sync.Mutex
+	// active: the EP connects (ep_connect), so its ESTABLISHED carries
+	// the accepting peer's private data; a passive EP's carries none.
+	active bool
 	// reads are the lengths of the signaled RDMA Reads in flight, in
 	// posting order (Reads complete in order): a Read split into several
 	// reports the whole length at its one completion.
 	reads []uint32
+}
+
+// snapshot is the EP's changeable fields, read under mu.
+func (ep *epObj) snapshot() (pz *pzObj, recv, req, conn *evdObj, a epAttr) {
+	ep.mu.Lock()
+	defer ep.mu.Unlock()
+	return ep.pz, ep.recv, ep.req, ep.conn, ep.attr
 }
 
 // epAttr are the DAT attributes an EP was given (or defaulted to).
@@ -240,6 +253,7 @@ func srnEPQuery(h C.DAT_EP_HANDLE, mask C.DAT_EP_PARAM_MASK, p *C.DAT_EP_PARAM) 
 	C.memset(unsafe.Pointer(p), 0, C.sizeof_DAT_EP_PARAM)
 	p.ia_handle = ep.ia.consumerHandle()
 	p.ep_state = datState(info.State)
+	pz, recv, req, conn, attr := ep.snapshot()
 	ep.mu.Lock()
 	lport := addrPort(&ep.c.local, info.LocalAddr)
 	rport := addrPort(&ep.c.remote, info.RemoteAddr)
@@ -253,13 +267,13 @@ func srnEPQuery(h C.DAT_EP_HANDLE, mask C.DAT_EP_PARAM_MASK, p *C.DAT_EP_PARAM) 
 		p.remote_ia_address_ptr = C.DAT_IA_ADDRESS_PTR(unsafe.Pointer(&ep.c.remote))
 	}
 	p.remote_port_qual = C.DAT_PORT_QUAL(rport)
-	if ep.pz != nil {
-		p.pz_handle = C.DAT_PZ_HANDLE(ep.pz.dat())
+	if pz != nil {
+		p.pz_handle = C.DAT_PZ_HANDLE(pz.dat())
 	}
-	p.recv_evd_handle = ep.recv.datHandle()
-	p.request_evd_handle = ep.req.datHandle()
-	p.connect_evd_handle = ep.conn.datHandle()
-	ep.attr.toDAT(&p.ep_attr)
+	p.recv_evd_handle = recv.datHandle()
+	p.request_evd_handle = req.datHandle()
+	p.connect_evd_handle = conn.datHandle()
+	attr.toDAT(&p.ep_attr)
 	return datSuccess
 }
 
@@ -290,7 +304,9 @@ func srnEPModify(h C.DAT_EP_HANDLE, mask C.DAT_EP_PARAM_MASK, p *C.DAT_EP_PARAM)
 		return arg(2)
 	}
 	ia := ep.ia
-	pz, recv, req, conn := ep.pz, ep.recv, ep.req, ep.conn
+	ep.modifyMu.Lock()
+	defer ep.modifyMu.Unlock()
+	pz, recv, req, conn, a := ep.snapshot()
 	if mask&modPZ != 0 {
 		pz = nil
 		if p.pz_handle != nil {
@@ -312,7 +328,6 @@ func srnEPModify(h C.DAT_EP_HANDLE, mask C.DAT_EP_PARAM_MASK, p *C.DAT_EP_PARAM)
 	if !ok1 || !ok2 || !ok3 {
 		return datInvalidHandle
 	}
-	a := ep.attr
 	var d epAttr
 	if !d.fromDAT(&p.ep_attr, ia.cl.Attr()) && mask&(modDepths|modReads|modLocal) != 0 {
 		return arg(3)
@@ -415,6 +430,9 @@ func srnEPConnect(h C.DAT_EP_HANDLE, addr C.DAT_IA_ADDRESS_PTR, qual C.DAT_CONN_
 	if err := ep.ep.Connect(netip.AddrPortFrom(ip, port).String(), data, d); err != nil {
 		return status(err)
 	}
+	ep.mu.Lock()
+	ep.active = true
+	ep.mu.Unlock()
 	return datSuccess
 }
 
@@ -497,9 +515,16 @@ func (ep *epObj) handleOrNil() unsafe.Pointer {
 	return unsafe.Pointer(ep.c)
 }
 
-// peerPrivateData copies the private data the peer sent (its MPA Reply or
-// Request) into the EP's C half; returns its length.
+// peerPrivateData copies the private data the peer sent with its MPA
+// Reply into an active EP's C half; returns its length (0 for a passive
+// EP: DAT gives the accepting side's ESTABLISHED none, as libdapl does).
 func (ep *epObj) peerPrivateData() int {
+	ep.mu.Lock()
+	active := ep.active
+	ep.mu.Unlock()
+	if !active {
+		return 0
+	}
 	info, err := ep.ep.Query()
 	if err != nil {
 		return 0

@@ -256,6 +256,9 @@ func srnEVDDequeue(h C.DAT_EVD_HANDLE, ev *C.DAT_EVENT) C.DAT_RETURN {
 	if ev == nil {
 		return arg(2)
 	}
+	if e.waiter.Load() {
+		return datInvalidState // DAT: not while a thread waits on it (libdapl too)
+	}
 	if e.evd == nil {
 		return datQueueEmpty
 	}
@@ -286,6 +289,11 @@ func srnEVDFree(h C.DAT_EVD_HANDLE) C.DAT_RETURN {
 	}
 	e.close()
 	e.ia.untrack(e)
+	e.ia.mu.Lock()
+	if e.ia.async == e {
+		e.ia.async = nil
+	}
+	e.ia.mu.Unlock()
 	dropHandle(e)
 	return datSuccess
 }

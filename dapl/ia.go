@@ -212,9 +212,11 @@ func srnIAQuery(h C.DAT_IA_HANDLE, async *C.DAT_EVD_HANDLE, mask C.DAT_IA_ATTR_M
 	}
 	if async != nil {
 		*async = nil
+		ia.mu.Lock()
 		if ia.async != nil {
 			*async = C.DAT_EVD_HANDLE(ia.async.dat())
 		}
+		ia.mu.Unlock()
 	}
 	at := ia.cl.Attr()
 	if a != nil {

@@ -221,9 +221,9 @@ func newHandle(o object, kind uint32, ia *iaObj, table *C.DAT_PROVIDER) *handle 
 	h.kind, h.ia = kind, ia
 	tab.Lock()
 	defer tab.Unlock()
-	if n := len(tab.spare); n > 0 {
-		h.c = tab.spare[n-1]
-		tab.spare = tab.spare[:n-1]
+	if len(tab.spare) > quarantine {
+		h.c = tab.spare[0]
+		tab.spare = append(tab.spare[:0], tab.spare[1:]...)
 		C.memset(unsafe.Pointer(h.c), 0, C.sizeof_srn_obj)
 	} else {
 		h.c = (*C.srn_obj)(C.calloc(1, C.sizeof_srn_obj))
@@ -247,22 +247,31 @@ func newHandle(o object, kind uint32, ia *iaObj, table *C.DAT_PROVIDER) *handle 
 }
 
 // dropHandle invalidates o's handle: later calls with it get
-// DAT_INVALID_HANDLE.
+// DAT_INVALID_HANDLE. Only the owner of the C handle drops it (a handle
+// already dropped and given to another object stays that object's).
 func dropHandle(o object) {
 	h := o.base()
 	tab.Lock()
 	defer tab.Unlock()
-	if h.c == nil || uint32(h.c.magic) != C.SRN_MAGIC|h.kind {
+	c := h.c
+	if c == nil || uint32(c.magic) != C.SRN_MAGIC|h.kind {
 		return
 	}
-	id := uint32(h.c.id)
-	h.c.magic = 0
-	if int(id) < len(tab.objs) && tab.objs[id] == o {
-		tab.objs[id] = nil
-		tab.free = append(tab.free, id)
+	id := uint32(c.id)
+	if int(id) >= len(tab.objs) || tab.objs[id] != o {
+		return
 	}
-	tab.spare = append(tab.spare, h.c)
+	c.magic = 0
+	tab.objs[id] = nil
+	tab.free = append(tab.free, id)
+	tab.spare = append(tab.spare, c)
 }
+
+// quarantine is how many freed C handles wait before one is reused, first
+// freed first: a consumer that uses a handle after freeing it gets
+// DAT_INVALID_HANDLE rather than the next object of the same kind, unless
+// that many objects were freed since.
+const quarantine = 1024
 
 // lookup returns the live object of kind k that h is, or false.
 func lookup[T object](h C.DAT_HANDLE, k uint32) (T, bool) {

@@ -221,15 +221,18 @@ type crObj struct {
 	sp         *spObj
 	ep         *epObj // the provider-created or reserved EP, if any
 	remotePort uint16
+	// ownsEP: ep was created for this request (a provider PSP's); a
+	// reject ends it with the request.
+	ownsEP bool
 }
 
 // newCR makes the CR object of a connection request event, and returns
 // its service point's handle and qualifier.
 func (ia *iaObj) newCR(ev *client.Event) (*crObj, C.DAT_HANDLE, uint64, C.DAT_RETURN) {
-	info, err := ev.CR.Query()
-	if err != nil {
-		return nil, nil, 0, status(err)
-	}
+	// A request the daemon has already given up on (its peer went, or
+	// it timed out) still reaches the consumer, whose accept then fails:
+	// the event is not lost with the wait that took it.
+	info, _ := ev.CR.Query()
 	cr := &crObj{cr: ev.CR}
 	newHandle(cr, C.SRN_CR, ia, ia.prov.table)
 	cr.remotePort = addrPort(&cr.c.remote, info.RemoteAddr)
@@ -250,6 +253,7 @@ func (ia *iaObj) newCR(ev *client.Event) (*crObj, C.DAT_HANDLE, uint64, C.DAT_RE
 		// A provider-created EP: it gets a handle now, with the PSP's
 		// defaults and no PZ or EVDs until the consumer sets them.
 		cr.ep = &epObj{ep: ev.EP, attr: defaultEPAttr()}
+		cr.ownsEP = true
 		ia.addEP(cr.ep)
 	}
 	ia.track(cr)
@@ -312,6 +316,9 @@ func srnCRAccept(h C.DAT_CR_HANDLE, eph C.DAT_EP_HANDLE, pdLen C.DAT_COUNT, pd C
 	if eph != nil {
 		target = ep.ep
 	}
+	ep.mu.Lock()
+	ep.active = false
+	ep.mu.Unlock()
 	if err := cr.cr.Accept(target, data); err != nil {
 		return status(err)
 	}
@@ -335,6 +342,11 @@ func srnCRReject(h C.DAT_CR_HANDLE, pdLen C.DAT_COUNT, pd C.DAT_PVOID) C.DAT_RET
 	}
 	if err := cr.cr.Reject(data); err != nil {
 		return status(err)
+	}
+	if cr.ownsEP {
+		// The daemon drops the EP it made for the request.
+		cr.ia.untrack(cr.ep)
+		dropHandle(cr.ep)
 	}
 	cr.ia.untrack(cr)
 	dropHandle(cr)

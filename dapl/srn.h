@@ -31,8 +31,9 @@ enum srn_post { SRN_POST_SEND = 1, SRN_POST_RECV, SRN_POST_READ, SRN_POST_WRITE 
 /*
  * srn_obj is a DAT handle. libdat2 finds the provider's table through the
  * first word of every handle (DAT_HANDLE_TO_PROVIDER). The memory is never
- * returned to malloc: a freed handle keeps magic 0 until reused, so a
- * consumer that passes a freed handle gets DAT_INVALID_HANDLE, not a crash.
+ * returned to malloc, and a freed handle is reused only after a quarantine
+ * of 1024 others (main.go): a consumer that passes a freed handle gets
+ * DAT_INVALID_HANDLE, not a crash.
  */
 typedef struct srn_obj {
 	DAT_PROVIDER *provider;
