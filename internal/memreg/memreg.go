@@ -19,26 +19,36 @@
 // its memfd page is punched out, so deregistered memory costs nothing and
 // free() works as before.
 //
+// A range's first and last pages may hold other data of the process (a
+// malloc'ed buffer's neighbours), which another thread may write at any
+// time. Those pages move with their accesses held for the few microseconds
+// of the move (a userfaultfd, uffd.go): no write is lost. At deregistration
+// they stay on the memfd, unreferenced (moving them back would race their
+// writers again), until the process no longer maps them; a later
+// registration finds them there.
+//
 // What it changes for the process (the price of needing no kernel module):
 //   - Registration costs a copy of the range (about memcpy speed) and a
 //     page-table rebuild; deregistration the same. Registered memory is
 //     shared memory (shmem) while registered: it counts as such, and
 //     transparent huge pages do not apply to it.
-//   - Writes another thread makes to the range's pages during the copy
-//     (between step 1 and 2, or in deregistration's copy back) are lost.
-//     Register memory before handing it to other threads, as RDMA
-//     programs do. The first and last pages, which may hold other objects
-//     (malloc's neighbours of a buffer), move one page at a time, so that
-//     for them the window is that of a 4 KiB copy; glibc gives each
-//     thread its own arena, so such neighbours are mostly the
-//     registering thread's own.
-//   - After fork the child shares registered pages with the parent
-//     instead of copying them on write.
+//   - The range itself must not be written by other threads while it is
+//     being registered or deregistered (its pages are copied; such writes
+//     are lost). RDMA programs register memory before handing it out.
+//     Without a userfaultfd (a seccomp policy may forbid it) the first and
+//     last pages move by plain copy too, and the same applies to the
+//     other data on them.
+//   - After fork the child shares registered pages (and kept first and
+//     last pages) with the parent instead of copying them on write; a
+//     process that loaded softrnic's client must exec after fork anyway.
 //   - The memory must be the process's own, readable, and writable if
 //     the registration asks for write access; a shared mapping of some
-//     other file is refused (moving it would cut it off from its file).
-//     The daemon can reach only what the process put in its memfd, so a
-//     process can never register memory that is not its own.
+//     other file is refused (moving it would cut it off from its file), and
+//     so is memory mapped at the address of a registration the process
+//     freed without deregistering (ErrReplaced: the old registration's peer
+//     would reach the new memory). The daemon can reach only what the
+//     process put in its memfd, so a process can never register memory
+//     that is not its own.
 package memreg
 
 import (
@@ -67,6 +77,7 @@ var (
 	ErrShared      = errors.New("memreg: range is a shared mapping of another file")
 	ErrRange       = errors.New("memreg: empty or wrapping range")
 	ErrNotHeld     = errors.New("memreg: range was not registered")
+	ErrReplaced    = errors.New("memreg: range was unmapped and mapped again while registered; deregister the old registration first")
 )
 
 // Space is a process's registration memfd. Its methods are safe for
@@ -81,6 +92,14 @@ type Space struct {
 	// runs are the registered pages: disjoint [start, end) ranges in
 	// address order, each with its reference count (> 0).
 	runs []run
+	// kept are pages left on the memfd with no reference: a
+	// deregistered range's first and last pages, which hold other data of
+	// the process too (Unregister). Each Unregister releases those the
+	// process no longer maps.
+	kept []run
+	// uffd holds a partly registered page's accesses while it moves
+	// (uffd.go); -1 if the process may have no userfaultfd.
+	uffd int
 }
 
 type run struct {
@@ -122,7 +141,7 @@ func open() (*Space, error) {
 		f.Close()
 		return nil, fmt.Errorf("memreg: stat the memfd: %w", err)
 	}
-	return &Space{file: f, dev: st.Dev, ino: st.Ino}, nil
+	return &Space{file: f, dev: st.Dev, ino: st.Ino, uffd: openUffd()}, nil
 }
 
 // File is the memfd to pass to the daemon; a registration of addr is at
@@ -166,6 +185,13 @@ func (s *Space) Register(addr, length uintptr, write bool) error {
 		if p.v.shared() && !s.ours(p.v) {
 			return fmt.Errorf("register %#x+%d: %w at %#x (%s)", addr, length, ErrShared, p.start, p.v.path)
 		}
+		// A registered page no longer the memfd's: the process freed
+		// the memory of a registration it kept, and new memory sits at
+		// its address. Moving the new memory onto the memfd would hand
+		// it to the old registration's peer.
+		if !s.ours(p.v) && s.anyHeld(p.start, p.end) {
+			return fmt.Errorf("register %#x+%d: %w at %#x", addr, length, ErrReplaced, p.start)
+		}
 	}
 	for _, p := range pieces {
 		if s.ours(p.v) {
@@ -173,11 +199,16 @@ func (s *Space) Register(addr, length uintptr, write bool) error {
 		}
 		// The first and last pages may hold other data of the process
 		// (malloc puts other objects beside a buffer), which another
-		// thread may write while its page moves: each moves alone, so
-		// that the time between its copy and its remap is that of one
-		// page, not of the whole range.
-		for _, r := range splitEdges(p.start, p.end) {
-			if err := s.moveIn(r[0], r[1], p.v.prot()); err != nil {
+		// thread may write while the page moves: those move with their
+		// accesses held (uffd.go). The middle is the range's own. A
+		// failure leaves the pieces already moved on the memfd,
+		// unreferenced and intact: still the process's memory.
+		for i, r := range splitEdges(p.start, p.end) {
+			move := s.moveInHeld
+			if i == 0 && r[1]-r[0] > pageSize {
+				move = s.moveIn
+			}
+			if err := move(r[0], r[1], p.v.prot()); err != nil {
 				return fmt.Errorf("register %#x+%d: %w", addr, length, err)
 			}
 		}
@@ -205,28 +236,96 @@ func (s *Space) Unregister(addr, length uintptr) error {
 	}
 	maps, err := readMaps()
 	if err != nil {
-		return err
+		return err // the pages stay on the memfd, unreferenced: intact
 	}
+	// The pages partly outside [addr, addr+length) hold other data of the
+	// process, which another thread may be writing: they stay on the
+	// memfd, unreferenced (a later registration finds them there). The
+	// others go back onto private memory and leave the memfd; so do the
+	// pages the process no longer maps from it (it freed a buffer before
+	// deregistering it).
+	inner := [2]uintptr{(addr + pageSize - 1) &^ (pageSize - 1), (addr + length) &^ (pageSize - 1)}
 	var first error
+	punch := func(lo, hi uintptr) {
+		if lo >= hi {
+			return
+		}
+		err := unix.Fallocate(int(s.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE, int64(lo), int64(hi-lo))
+		if err != nil && first == nil {
+			first = fmt.Errorf("memreg: release pages: %w", err)
+		}
+	}
 	for _, r := range freed {
+		at := r.start
 		for _, v := range maps {
 			if !s.ours(v) || v.end <= r.start || v.start >= r.end {
 				continue
 			}
-			for _, e := range splitEdges(max(v.start, r.start), min(v.end, r.end)) {
-				if err := s.moveOut(e[0], e[1], v.prot()); err != nil && first == nil {
+			lo, hi := max(v.start, r.start), min(v.end, r.end)
+			punch(at, lo) // not mapped from the memfd
+			at = hi
+			mlo, mhi := max(lo, inner[0]), min(hi, inner[1])
+			if mlo >= mhi {
+				s.kept = append(s.kept, run{lo, hi, 0}) // edge pages only
+				continue
+			}
+			s.kept = append(s.kept, run{lo, mlo, 0}, run{mhi, hi, 0})
+			if err := s.moveOut(mlo, mhi, v.prot()); err != nil {
+				if first == nil {
 					first = err
 				}
+				s.kept = append(s.kept, run{mlo, mhi, 0}) // still mapped from the memfd
+				continue
 			}
+			punch(mlo, mhi)
 		}
-		// Whether or not the process still maps them (it may have
-		// unmapped a buffer before deregistering it), the pages leave.
-		if err := unix.Fallocate(int(s.file.Fd()), unix.FALLOC_FL_PUNCH_HOLE|unix.FALLOC_FL_KEEP_SIZE,
-			int64(r.start), int64(r.end-r.start)); err != nil && first == nil {
-			first = fmt.Errorf("memreg: release pages: %w", err)
+		punch(at, r.end)
+	}
+	// Kept pages that are registered again stay; so do those the
+	// process still maps from the memfd; the others go.
+	var kept []run
+	for _, k := range s.kept {
+		if k.start >= k.end || s.anyHeld(k.start, k.end) {
+			continue
+		}
+		at := k.start
+		for _, v := range maps {
+			if !s.ours(v) || v.end <= k.start || v.start >= k.end {
+				continue
+			}
+			lo, hi := max(v.start, k.start), min(v.end, k.end)
+			punch(at, lo)
+			kept = append(kept, run{lo, hi, 0})
+			at = hi
+		}
+		punch(at, k.end)
+	}
+	s.kept = merge0(kept)
+	return first
+}
+
+// merge0 sorts and joins overlapping or adjacent unreferenced runs.
+func merge0(rs []run) []run {
+	sort.Slice(rs, func(i, j int) bool { return rs[i].start < rs[j].start })
+	var out []run
+	for _, r := range rs {
+		if n := len(out); n > 0 && r.start <= out[n-1].end {
+			out[n-1].end = max(out[n-1].end, r.end)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// anyHeld: some page of [a, b) has a reference.
+func (s *Space) anyHeld(a, b uintptr) bool {
+	for _, r := range s.runs {
+		if r.start < b && a < r.end {
+			return true
 		}
 	}
-	return first
+	return false
 }
 
 // Registered reports the pages registered now, for tests and diagnostics.
@@ -239,11 +338,14 @@ func (s *Space) Registered() (pages int) {
 	return pages
 }
 
-// splitEdges cuts [start, end) into its first page, the middle and its
-// last page (the middle first).
+// splitEdges cuts [start, end) into its middle, its first page and its
+// last page, in that order (a range of one or two pages: its pages).
 func splitEdges(start, end uintptr) [][2]uintptr {
-	if end-start <= 2*pageSize {
+	switch end - start {
+	case pageSize:
 		return [][2]uintptr{{start, end}}
+	case 2 * pageSize:
+		return [][2]uintptr{{start, start + pageSize}, {start + pageSize, end}}
 	}
 	return [][2]uintptr{{start + pageSize, end - pageSize}, {start, start + pageSize}, {end - pageSize, end}}
 }
