@@ -404,7 +404,11 @@ func (l *LMR) Address(off uint64) uint64 { return l.va + off }
 // Free deregisters; it fails while a request uses the region.
 func (l *LMR) Free() error {
 	if _, err := l.pz.ia.call(ctl.OpFreeLMR, &ctl.Handle{H: l.h}, nil, nil); err != nil {
-		return fmt.Errorf("free LMR: %w", err)
+		// With the session gone the daemon's mapping is gone too: the
+		// memory comes back all the same.
+		if !errors.Is(err, ErrClosed) || l.mem.length == 0 {
+			return fmt.Errorf("free LMR: %w", err)
+		}
 	}
 	if l.mem.length != 0 {
 		sp, err := memreg.Default()
