@@ -541,3 +541,59 @@ func TestTransmitStaysWithinLength(t *testing.T) {
 		}
 	}
 }
+
+// A Read Response and an RDMA Write both in progress go out one message
+// after the other, each message's FPDUs back to back: the engine takes
+// turns between responses and the send queue by message, never by FPDU
+// (Linux siw rejects interleaved tagged messages: "packet intersection").
+func TestMessagesNotInterleaved(t *testing.T) {
+	a, b := newPair(t, pairOpts{})
+	const size = 64 << 10
+	sink := a.mem.reg(t, pdA, 2*size, LocalWrite|RemoteWrite)
+	src := b.mem.reg(t, pdB, size, RemoteRead|LocalWrite)
+	fill(src.Buf, 7)
+	// a's Read Request reaches b; b then has a Read Response to send
+	// and a Write of its own posted.
+	must(t, a.q.PostSend(&SendWR{ID: 1, Op: OpRead, Flags: Signaled,
+		SGL: []SGE{{LKey: sink.STag, Addr: sink.Base, Length: size}}, RemoteSTag: src.STag, RemoteTO: src.Base}))
+	buf := make([]byte, 64<<10)
+	n := a.q.Transmit(buf)
+	b.q.Receive(buf[:n])
+	a.sentTot += uint64(n)
+	a.q.Sent(a.sentTot)
+	must(t, b.q.PostSend(&SendWR{ID: 2, Op: OpWrite, Flags: Signaled,
+		SGL: []SGE{{LKey: src.STag, Addr: src.Base, Length: size}}, RemoteSTag: sink.STag, RemoteTO: sink.Base + size}))
+	var ops []ddp.Opcode
+	var lasts []bool
+	for round := 0; round < 10000; round++ {
+		n := b.q.Transmit(buf[:4096]) // a few FPDUs per turn
+		if n == 0 {
+			break
+		}
+		for w := buf[:n]; len(w) > 0; {
+			l := int(binary.BigEndian.Uint16(w))
+			h := ddp.Header(w[2 : 2+l])
+			ops, lasts = append(ops, h.Opcode()), append(lasts, h.Last())
+			w = w[(2+l+3)&^3+4:]
+		}
+		a.q.Receive(buf[:n])
+		b.sentTot += uint64(n)
+		b.q.Sent(b.sentTot)
+	}
+	inMessage := false
+	for i, op := range ops {
+		if inMessage && op != ops[i-1] {
+			t.Fatalf("FPDU %d (%v) interleaved into a %v message: %v", i, op, ops[i-1], ops)
+		}
+		inMessage = !lasts[i]
+	}
+	newLink(a, b, 0).pump()
+	if sc := poll(a.scq); len(sc) != 1 || sc[0].Status != completion.Success {
+		t.Fatalf("read: %+v", sc)
+	}
+	if sc := poll(b.scq); len(sc) != 1 || sc[0].Status != completion.Success {
+		t.Fatalf("write: %+v", sc)
+	}
+	mustEqual(t, "read", sink.Buf[:size], src.Buf)
+	mustEqual(t, "write", sink.Buf[size:], src.Buf)
+}

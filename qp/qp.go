@@ -140,7 +140,10 @@ type QP struct {
 	state State
 	// pushed: a completion was pushed since TakePushed.
 	pushed  bool
-	preferQ bool // alternate between responses and the SQ
+	preferQ bool // alternate between responses and the SQ, by message
+	// txMid: the queue whose message is part sent; its next FPDU goes
+	// first: a message's FPDUs go out back to back, as siw expects.
+	txMid txQueue
 	// holdTx: a responder waiting for the initiator's first FPDU.
 	holdTx bool
 	// rtr: the ready-to-receive message still to send (peer-to-peer).
@@ -191,6 +194,15 @@ func (q *QP) MaxInline() int { return q.cfg.MaxInline }
 
 // ORD in force.
 func (q *QP) ORD() int { return q.ord }
+
+// txQueue names the queue a part-sent message is from.
+type txQueue uint8
+
+const (
+	midNone txQueue = iota
+	midResponse
+	midSQ
+)
 
 // Connect moves Idle to RTS with the outcome of MPA startup and the LLP's
 // effective MSS (the FPDU size). The initiator sends the negotiated RTR first

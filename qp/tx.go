@@ -82,14 +82,26 @@ func (q *QP) Transmit(buf []byte) int {
 			}
 			continue
 		}
+		// Responses and the SQ take turns by message, never by FPDU: a
+		// message's FPDUs go out back to back (Linux siw rejects a Read
+		// Response interleaved with a Write: "packet intersection").
 		resp, sq := q.irq.len() > 0, q.sqReady()
+		if q.txMid == midResponse && !resp || q.txMid == midSQ && !sq {
+			q.txMid = midNone // its queue was flushed
+		}
 		switch {
+		case q.txMid == midResponse:
+			out, ok = q.txResponse(out)
+		case q.txMid == midSQ:
+			out, ok = q.txSend(out)
 		case resp && (!sq || q.preferQ):
 			out, ok = q.txResponse(out)
 		case sq:
 			out, ok = q.txSend(out)
 		}
-		q.preferQ = !q.preferQ
+		if q.txMid == midNone {
+			q.preferQ = !q.preferQ
+		}
 		if !ok {
 			break
 		}
@@ -140,9 +152,11 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 			return out, false
 		}
 		e.sent += len(p)
+		q.txMid = midSQ
 		if last {
 			q.sendMSN++
 			q.queued(e, len(out))
+			q.txMid = midNone
 		}
 	case OpImmediate:
 		op := ddp.OpImmediateData
@@ -165,8 +179,10 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 			return out, false
 		}
 		e.sent += len(p)
+		q.txMid = midSQ
 		if last {
 			q.queued(e, len(out))
+			q.txMid = midNone
 		}
 	case OpRead:
 		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpReadRequest, QN: ddp.QNReadRequest, MSN: q.readMSN})
@@ -249,8 +265,10 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 		return out, false
 	}
 	e.sent += len(p)
+	q.txMid = midResponse
 	if last {
 		q.popResponse()
+		q.txMid = midNone
 	}
 	return out, true
 }
