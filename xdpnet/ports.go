@@ -58,6 +58,16 @@ func reservePort(addr netip.Addr, port uint16) (fd int, got uint16, err error) {
 	if err != nil {
 		return -1, 0, fmt.Errorf("reserve port: socket: %w", resourceErr(err))
 	}
+	if port != 0 {
+		// A port a kernel connection used lately is held by its
+		// TIME_WAIT for a minute: a listener may take it all the same,
+		// as any server's SO_REUSEADDR lets it (dapltest's port 62000
+		// right after a run on the kernel datapath).
+		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+			unix.Close(fd)
+			return -1, 0, fmt.Errorf("reserve port: SO_REUSEADDR: %w", err)
+		}
+	}
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)}); err != nil {
 		unix.Close(fd)
 		switch {

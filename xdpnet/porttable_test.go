@@ -2,8 +2,10 @@ package xdpnet
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -100,5 +102,38 @@ func TestPortTableSharesPortsBetweenRemoteEnds(t *testing.T) {
 	defer unix.Close(fd)
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: lo.As4(), Port: int(ports[0])}); err != nil {
 		t.Errorf("bind to released port %d: %v", ports[0], err)
+	}
+}
+
+// A port whose last kernel connection lingers in TIME_WAIT can still be
+// reserved for a listener, as any server with SO_REUSEADDR could take it.
+func TestReservePortOverTimeWait(t *testing.T) {
+	ln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(ln.Addr().(*net.TCPAddr).Port)
+	c, err := net.Dial("tcp4", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The server's side closes first: its port ends in TIME_WAIT.
+	s.Close()
+	buf := make([]byte, 1)
+	_, _ = c.Read(buf) // EOF: the server's FIN is here
+	c.Close()
+	ln.Close()
+	time.Sleep(50 * time.Millisecond) // the last ACK
+	fd, got, err := reservePort(netip.MustParseAddr("127.0.0.1"), port)
+	if err != nil {
+		t.Fatalf("reserve port %d over a TIME_WAIT: %v", port, err)
+	}
+	defer unix.Close(fd)
+	if got != port {
+		t.Fatalf("reserved %d, want %d", got, port)
 	}
 }
