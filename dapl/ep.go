@@ -445,8 +445,33 @@ func srnEPDisconnect(h C.DAT_EP_HANDLE, flags C.DAT_CLOSE_FLAGS) C.DAT_RETURN {
 	if flags != C.DAT_CLOSE_ABRUPT_FLAG && flags != C.DAT_CLOSE_GRACEFUL_FLAG {
 		return arg(2)
 	}
-	return status(ep.ep.Disconnect(flags == C.DAT_CLOSE_GRACEFUL_FLAG))
+	if flags == C.DAT_CLOSE_GRACEFUL_FLAG {
+		return status(ep.ep.Disconnect(true))
+	}
+	// DAT_CLOSE_ABRUPT_FLAG closes as libdaplofa closes on iWARP (both
+	// flags are rdma_disconnect there): an orderly close, so that what
+	// the consumer already saw complete reaches the peer (a reset would
+	// throw away octets still in the LLP's send buffer: dapltest's last
+	// message, posted and completed just before its abrupt disconnect).
+	// A connection that has not closed within abruptGrace is reset.
+	st, _ := ep.ep.PostableState()
+	if uint8(st) != ctl.EPConnected {
+		return status(ep.ep.Disconnect(false))
+	}
+	if err := ep.ep.Disconnect(true); err != nil {
+		return status(ep.ep.Disconnect(false))
+	}
+	c := ep.ep
+	time.AfterFunc(abruptGrace, func() {
+		if st, err := c.State(); err == nil && uint8(st) == ctl.EPDisconnectPending {
+			_ = c.Disconnect(false)
+		}
+	})
+	return datSuccess
 }
+
+// abruptGrace bounds an abrupt disconnect's orderly close.
+const abruptGrace = 2 * time.Second
 
 //export srnEPGetStatus
 func srnEPGetStatus(h C.DAT_EP_HANDLE, state *C.DAT_EP_STATE, recvIdle, reqIdle *C.DAT_BOOLEAN) C.DAT_RETURN {
