@@ -174,3 +174,51 @@ func freeLoopbackPort(t *testing.T) uint16 {
 	defer l.Close()
 	return uint16(l.Addr().(*net.TCPAddr).Port)
 }
+
+// A session's LMRs map at most maxMapped octets in the daemon: past it a
+// registration fails with INSUFFICIENT_RESOURCES, and freeing gives the
+// room back.
+func TestSessionMappedCap(t *testing.T) {
+	defer func(old uint64) { maxMapped = old }(maxMapped)
+	maxMapped = 3 << 16
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "greedy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ia.Close()
+	pz, err := ia.CreatePZ()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lmrs []*client.LMR
+	for i := 0; i < 4; i++ {
+		buf, err := ia.Alloc(1 << 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer buf.Free()
+		l, err := pz.RegisterLMR(buf, client.LocalWrite)
+		if i < 3 {
+			if err != nil {
+				t.Fatalf("LMR %d: %v", i, err)
+			}
+			lmrs = append(lmrs, l)
+			continue
+		}
+		if !errors.Is(err, client.ErrInsufficientResources) {
+			t.Fatalf("LMR past the session's cap: %v", err)
+		}
+		if err := lmrs[0].Free(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pz.RegisterLMR(buf, client.LocalWrite); err != nil {
+			t.Fatalf("LMR after one was freed: %v", err)
+		}
+	}
+}

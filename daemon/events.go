@@ -215,9 +215,10 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 	}
 }
 
-// peerReset: the connection ended with the peer's reset.
+// peerReset: the connection ended with the peer's reset (on the kernel
+// datapath a write may meet it first, as EPIPE).
 func peerReset(err error) bool {
-	return errors.Is(err, tcp.ErrReset) || errors.Is(err, syscall.ECONNRESET)
+	return errors.Is(err, tcp.ErrReset) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // applyRequest turns a request at a PSP into a CR for the client.

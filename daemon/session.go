@@ -30,6 +30,10 @@ const (
 	maxFDs      = 4
 )
 
+// maxMapped bounds the LMR memory a session has the daemon map (the
+// daemon's address space is shared by every session); a variable for tests.
+var maxMapped uint64 = 1 << 41
+
 // session is one client connection and everything it created.
 type session struct {
 	srv  *Server
@@ -42,6 +46,8 @@ type session struct {
 	// objectsMost is objects' high-water mark (shrink).
 	objectsMost int
 	next        uint32
+	// mapped is the LMR memory the daemon maps for the session (s.mu).
+	mapped uint64
 	// held are the EPs and EVDs handed to the session that it still
 	// holds, produced the EVDs it produced into this step; loop-owned.
 	held     []any
@@ -397,6 +403,10 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 	if err != nil {
 		return nil, nil, err
 	}
+	if s.mapped+req.Length > maxMapped {
+		return nil, nil, fail(ctl.InsufficientResources, "LMRs of %d octets mapped for the session, %d more asked, at most %d",
+			s.mapped, req.Length, maxMapped)
+	}
 	// The region may start and end inside a page (ordinary memory a
 	// consumer registered, internal/memreg): map whole pages, register
 	// exactly the region.
@@ -419,6 +429,7 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 	}
 	l.h = h
 	p.refs++
+	s.mapped += uint64(len(m))
 	return &ctl.RegisterLMRReply{LMR: h, STag: mr.STag}, nil, nil
 }
 
@@ -575,6 +586,7 @@ func (s *session) freeLMR(h uint32) error {
 		return fail(ctl.InvalidState, "%v", err)
 	}
 	_ = shm.Unmap(l.mapping)
+	s.mapped -= uint64(len(l.mapping))
 	l.pz.refs--
 	s.forget(h)
 	return nil

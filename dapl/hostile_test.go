@@ -76,8 +76,18 @@ func runDATProgram(t *testing.T, src string) {
 	if err != nil {
 		t.Fatalf("the daemon no longer serves: %v", err)
 	}
-	if st, err := ia.Stats(); err != nil || st.EP != 0 || st.PSP != 0 {
-		t.Errorf("after %s: %+v, %v (want no EP or PSP left)", src, st, err)
+	// The session's end is taken down in the background: wait for it.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st, err := ia.Stats()
+		if err == nil && st.EP == 0 && st.PSP == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("after %s: %+v, %v (want no EP or PSP left)", src, st, err)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	ia.Close()
 }
