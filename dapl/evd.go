@@ -28,9 +28,11 @@ type evdObj struct {
 	// dat_evd_set_unwaitable, wakes the waiter with DAT_INVALID_STATE.
 	waiter     atomic.Bool
 	unwaitable atomic.Bool
-	// done is closed when the EVD or its IA is freed: wakes a local wait.
+	// done is closed when the EVD or its IA is freed, and kick signalled
+	// when it is made unwaitable: either wakes a local wait.
 	done     chan struct{}
 	doneOnce sync.Once
+	kick     chan struct{}
 }
 
 func (e *evdObj) close() { e.doneOnce.Do(func() { close(e.done) }) }
@@ -74,7 +76,7 @@ func (ia *iaObj) newEVD(qlen int, flags C.DAT_EVD_FLAGS) (*evdObj, C.DAT_RETURN)
 	if flags&C.DAT_EVD_CR_FLAG != 0 {
 		kind |= client.CREvents
 	}
-	e := &evdObj{flags: flags, qlen: qlen, done: make(chan struct{})}
+	e := &evdObj{flags: flags, qlen: qlen, done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	if kind != 0 {
 		if max := int(ia.attr.MaxEVDDepth); max > 0 && qlen > max {
 			return nil, arg(2)
@@ -150,6 +152,10 @@ func srnEVDSetUnwaitable(h C.DAT_EVD_HANDLE) C.DAT_RETURN {
 	if e.evd != nil {
 		e.evd.Interrupt()
 	}
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
 	return datSuccess
 }
 
@@ -162,10 +168,6 @@ func srnEVDClearUnwaitable(h C.DAT_EVD_HANDLE) C.DAT_RETURN {
 	e.unwaitable.Store(false)
 	return datSuccess
 }
-
-// unwaitablePoll bounds each sleep of a waiter so that it notices
-// dat_evd_set_unwaitable.
-const unwaitablePoll = 50 * time.Millisecond
 
 //export srnEVDWait
 func srnEVDWait(h C.DAT_EVD_HANDLE, timeout C.DAT_TIMEOUT, threshold C.DAT_COUNT, ev *C.DAT_EVENT, nmore *C.DAT_COUNT) C.DAT_RETURN {
@@ -226,23 +228,22 @@ func (e *evdObj) waitLocal(deadline time.Time, nmore *C.DAT_COUNT) C.DAT_RETURN 
 	if nmore != nil {
 		*nmore = 0
 	}
+	var timeout <-chan time.Time
+	if !deadline.IsZero() {
+		t := time.NewTimer(max(time.Until(deadline), 0))
+		defer t.Stop()
+		timeout = t.C
+	}
 	for {
-		step := unwaitablePoll
-		if !deadline.IsZero() {
-			step = min(step, max(time.Until(deadline), 0))
-		}
-		t := time.NewTimer(step)
 		select {
 		case <-e.done:
-			t.Stop()
 			return datAbort
-		case <-t.C:
-		}
-		if e.unwaitable.Load() {
-			return datInvalidState | C.DAT_INVALID_STATE_EVD_UNWAITABLE
-		}
-		if !deadline.IsZero() && !time.Now().Before(deadline) {
+		case <-timeout:
 			return datTimeoutExpired
+		case <-e.kick:
+			if e.unwaitable.Load() {
+				return datInvalidState | C.DAT_INVALID_STATE_EVD_UNWAITABLE
+			}
 		}
 	}
 }

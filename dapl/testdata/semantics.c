@@ -264,6 +264,14 @@ int main(int argc, char **argv)
 							 DAT_INVALID_STATE);
 	pthread_join(th, NULL);
 	MUST("clear_unwaitable", dat_evd_clear_unwaitable(conn2));
+	unwait_evd = async; /* an EVD with nothing behind it in the daemon */
+	pthread_create(&th, NULL, unwaiter, NULL);
+	CHECK("set_unwaitable wakes a waiter on the async EVD",
+	      DAT_GET_TYPE(dat_evd_wait(async, DAT_TIMEOUT_INFINITE, 1, &ev, &more)) == DAT_INVALID_STATE);
+	pthread_join(th, NULL);
+	CHECK("an unwaitable EVD refuses a wait", DAT_GET_TYPE(dat_evd_wait(async, 1000, 1, &ev, &more)) == DAT_INVALID_STATE);
+	MUST("clear_unwaitable async", dat_evd_clear_unwaitable(async));
+	CHECK("the async EVD times out, waitable again", DAT_GET_TYPE(dat_evd_wait(async, 1000, 1, &ev, &more)) == DAT_TIMEOUT_EXPIRED);
 
 	/* An RSP and a provider-created EP. */
 	MUST("ep_create 3", dat_ep_create(ia, pz, dto3, dto3, conn2, NULL, &ep3));
