@@ -6,8 +6,10 @@
 # roles, with siw's CRC off and required, ours asked or not, MPA revision 2
 # and 1; then perftest -R in both roles. The MPA stream of every run is
 # captured on the host and decoded by softrnic-dump and by tshark (see
-# check_capture): every FPDU decoded and, with CRC, every CRC good. Ends with
-# a pass/fail table; exit 1 if any failed.
+# check_capture): every FPDU decoded and, with CRC, every CRC good. Then
+# Debian's dtest and dapltest over our uDAPL provider against siw with
+# Debian's libdaplofa, both datapaths and both roles (hack/interop-dapl.sh).
+# Ends with a pass/fail table; exit 1 if any failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -91,12 +93,14 @@ siw_server_verdict() {
 results=()
 # report LABEL CRC GUESTLINES OURLINES: the end of every scenario function,
 # which calls it with its locals ok, role, pcap, log (the guest's), plog
-# (ours) and, on the xdp datapath, dlog (the daemon's) set. Checks the
-# capture, adds the result row (noting rping's tolerated teardown race) and
-# prints it; on failure shows the logs' last lines.
+# (ours) and, on the xdp datapath, dlog (the daemon's) set, and optionally
+# note (why the scenario failed). Checks the capture, adds the result row
+# (noting rping's tolerated teardown race) and prints it; on failure shows
+# the logs' last lines.
 report() {
 	local label=$1 crc=$2 detail
 	detail=$(check_capture "$pcap" "$crc") || ok=FAIL
+	[ -n "${note:-}" ] && detail="$note; $detail"
 	grep -q "teardown race tolerated" "$log" && detail+=" (rping teardown race tolerated)"
 	results+=("$(printf '%-4s  %-34s %-10s %-4s %s' "$ok" "$label" "$role" "$crc" "$detail")")
 	echo "${results[-1]}"
@@ -304,8 +308,13 @@ done
 xdp_perftest siw-server
 xdp_perftest siw-client
 
+# uDAPL: dtest and dapltest against libdaplofa on siw, both datapaths (the
+# guest on a tap, each boot in a namespace of its own).
+# shellcheck source=hack/interop-dapl.sh
+. hack/interop-dapl.sh
+
 echo
-echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50)"
+echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50; dapl: dtest, dapltest over libdaplsoftrnic vs libdaplofa)"
 printf '%-4s  %-34s %-10s %-4s %s\n' result scenario peer crc capture
 failed=0
 for r in "${results[@]}"; do

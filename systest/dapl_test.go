@@ -107,8 +107,13 @@ func TestDAPLPrograms(t *testing.T) {
 				if err != nil {
 					t.Errorf("dtest %v client: %v", mode, err)
 				}
+				// Not which string the Read brought back: dtest copies
+				// each side's string into its buffer and reads the
+				// peer's at once, unordered with the peer's copy
+				// (dtest.c do_rdma_read_with_msg), so a fast client
+				// may read the server's buffer before its string is in.
 				judge(t, fmt.Sprintf("dtest %v client", mode), string(out), "CONNECTED!", "RDMA write buffer contains: server",
-					"RCV RDMA read buffer contains: server", "Message PingPong", "DAPL Test Complete. PASSED")
+					"RCV RDMA read buffer contains:", "Message PingPong", "DAPL Test Complete. PASSED")
 				if err := srv.Wait(); err != nil {
 					t.Errorf("dtest %v server: %v", mode, err)
 				}
