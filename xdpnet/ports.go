@@ -59,13 +59,24 @@ func reservePort(addr netip.Addr, port uint16) (fd int, got uint16, err error) {
 		return -1, 0, fmt.Errorf("reserve port: socket: %w", resourceErr(err))
 	}
 	if port != 0 {
-		// A port a kernel connection used lately is held by its
-		// TIME_WAIT for a minute: a listener may take it all the same,
-		// as any server's SO_REUSEADDR lets it (dapltest's port 62000
-		// right after a run on the kernel datapath).
+		// A listener's port. A kernel connection that used the port
+		// lately holds it in TIME_WAIT for a minute: the reservation
+		// takes it all the same, as any server's SO_REUSEADDR lets it
+		// (dapltest's port 62000 right after a run on the kernel
+		// datapath). So that no other socket can then bind it (with
+		// SO_REUSEADDR, as Go's net.Listen does), the reservation
+		// listens, behind a filter that drops every segment: the
+		// kernel never answers on the engine's port (a SYN that
+		// reaches it, from this host, gets no answer).
 		if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
 			unix.Close(fd)
 			return -1, 0, fmt.Errorf("reserve port: SO_REUSEADDR: %w", err)
+		}
+		drop := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+		if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER,
+			&unix.SockFprog{Len: uint16(len(drop)), Filter: &drop[0]}); err != nil {
+			unix.Close(fd)
+			return -1, 0, fmt.Errorf("reserve port: socket filter: %w", err)
 		}
 	}
 	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)}); err != nil {
@@ -78,6 +89,12 @@ func reservePort(addr netip.Addr, port uint16) (fd int, got uint16, err error) {
 			return -1, 0, fmt.Errorf("reserve port %v:%d: %w: %w", addr, port, tcp.ErrPortInUse, err)
 		}
 		return -1, 0, fmt.Errorf("reserve port %v:%d: %w", addr, port, resourceErr(err))
+	}
+	if port != 0 {
+		if err := unix.Listen(fd, 0); err != nil {
+			unix.Close(fd)
+			return -1, 0, fmt.Errorf("reserve port %v:%d: listen: %w", addr, port, err)
+		}
 	}
 	sa, err := unix.Getsockname(fd)
 	if err != nil {
