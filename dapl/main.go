@@ -47,6 +47,7 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/memreg"
 )
 
 func main() {}
@@ -161,6 +162,11 @@ func srnRegister(table *C.DAT_PROVIDER, name, params *C.char) C.DAT_RETURN {
 	}
 	if p.iface == "" && p.socket == "" {
 		return arg(2)
+	}
+	// The consumer's threads are C's: registrations may hold their
+	// accesses to a moving page (internal/memreg).
+	if sp, err := memreg.Default(); err == nil {
+		sp.HoldNeighbours()
 	}
 	providers.Lock()
 	defer providers.Unlock()

@@ -21,8 +21,11 @@
 //
 // A range's first and last pages may hold other data of the process (a
 // malloc'ed buffer's neighbours), which another thread may write at any
-// time. Those pages move with their accesses held for the few microseconds
-// of the move (a userfaultfd, uffd.go): no write is lost. At deregistration
+// time. In a C program (HoldNeighbours: the DAT provider's consumers)
+// those pages move with their accesses held for the few microseconds of
+// the move (a userfaultfd, uffd.go): no write is lost. A Go program cannot
+// hold goroutines so (the runtime's stop-the-world would wait for them):
+// there they move by plain copy, like the rest. At deregistration
 // they stay on the memfd, unreferenced (moving them back would race their
 // writers again), until the process no longer maps them; a later
 // registration finds them there.
@@ -35,9 +38,10 @@
 //   - The range itself must not be written by other threads while it is
 //     being registered or deregistered (its pages are copied; such writes
 //     are lost). RDMA programs register memory before handing it out.
-//     Without a userfaultfd (a seccomp policy may forbid it) the first and
-//     last pages move by plain copy too, and the same applies to the
-//     other data on them.
+//     In a Go program, or without a userfaultfd (a seccomp policy may
+//     forbid it), the first and last pages move by plain copy too, and
+//     the same applies to the other data on them: register page-aligned
+//     memory (an mmap'ed buffer) where other goroutines write nearby.
 //   - After fork the child shares registered pages (and kept first and
 //     last pages) with the parent instead of copying them on write; a
 //     process that loaded softrnic's client must exec after fork anyway.
@@ -59,6 +63,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -98,9 +103,20 @@ type Space struct {
 	// process no longer maps.
 	kept []run
 	// uffd holds a partly registered page's accesses while it moves
-	// (uffd.go); -1 if the process may have no userfaultfd.
+	// (uffd.go), if hold; -1 if the process may have no userfaultfd.
 	uffd int
+	hold atomic.Bool
 }
+
+// HoldNeighbours makes registrations hold the accesses of other threads to
+// a range's first and last pages while they move (uffd.go), so that none
+// is lost. Only for a process whose other threads are not the Go
+// runtime's: a goroutine held in a page fault cannot stop for the
+// runtime's stop-the-world, and the registering goroutine, back from a
+// system call, waits for it: both wait for good. The DAT provider, whose
+// consumer's threads are C's, turns it on; a Go program must not write
+// the neighbours of memory it registers meanwhile.
+func (s *Space) HoldNeighbours() { s.hold.Store(true) }
 
 type run struct {
 	start, end uintptr

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -293,7 +294,13 @@ func TestConcurrentNeighbourWrites(t *testing.T) {
 	if s.uffd < 0 {
 		t.Skip("skipped: no userfaultfd for this process; neighbours' writes during a move can be lost (package comment)")
 	}
-	// The writer blocks, holding its P, while its page moves.
+	// The writer here is a goroutine, which HoldNeighbours is not for: a
+	// stop-the-world while it is held would never end. No garbage
+	// collection runs meanwhile, and the writer, held with its P, leaves
+	// others to the registering goroutine.
+	s.HoldNeighbours()
+	defer s.hold.Store(false)
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(max(4, runtime.GOMAXPROCS(0))))
 	page := os.Getpagesize()
 	type counters struct{ first, last *uint64 }

@@ -71,7 +71,7 @@ func openUffd() int {
 // moveInHeld is moveIn with the page's accesses held meanwhile (see
 // above); it falls back to moveIn where a userfaultfd cannot hold them.
 func (s *Space) moveInHeld(start, end uintptr, prot int) error {
-	if s.uffd < 0 {
+	if s.uffd < 0 || !s.hold.Load() {
 		return s.moveIn(start, end, prot)
 	}
 	n := end - start
