@@ -29,6 +29,11 @@ func TestHostileConsumer(t *testing.T) { runDATProgram(t, "hostile.c") }
 // and dapltest leave out, checked for what DAT says they do.
 func TestDATSemantics(t *testing.T) { runDATProgram(t, "semantics.c") }
 
+// TestDATNeighbourWrites runs testdata/neighbours.c: a thread writes
+// beside a buffer (on its first and last pages) while another registers
+// and deregisters it, 200 times; no write may be lost.
+func TestDATNeighbourWrites(t *testing.T) { runDATProgram(t, "neighbours.c") }
+
 // runDATProgram builds the provider and testdata/src, runs it against a
 // daemon on the loopback, and fails on its failures; afterwards the daemon
 // must still serve and hold no EP or PSP.

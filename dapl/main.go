@@ -43,6 +43,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"syscall"
 	"unsafe"
 
 	"github.com/softrnic/softrnic/client"
@@ -166,7 +167,7 @@ func srnRegister(table *C.DAT_PROVIDER, name, params *C.char) C.DAT_RETURN {
 	// The consumer's threads are C's: registrations may hold their
 	// accesses to a moving page (internal/memreg).
 	if sp, err := memreg.Default(); err == nil {
-		sp.HoldNeighbours()
+		sp.HoldNeighbours(moveHeld)
 	}
 	providers.Lock()
 	defer providers.Unlock()
@@ -193,6 +194,19 @@ func providerNamed(name string) *provider {
 	providers.Lock()
 	defer providers.Unlock()
 	return providers.byName[name]
+}
+
+// moveHeld is memreg's Mover: dapl/move.c, in C, so that no Go code of
+// the registering thread runs while a page is held.
+func moveHeld(uffd, memfd int, start, end uintptr, prot int) (bool, error) {
+	switch r := C.srn_move_held(C.int(uffd), C.int(memfd), C.uintptr_t(start), C.uintptr_t(end-start), C.int(prot)); {
+	case r == 0:
+		return true, nil
+	case r < 0:
+		return false, nil
+	default:
+		return true, syscall.Errno(r)
+	}
 }
 
 // object is what every handle leads to.

@@ -63,6 +63,9 @@ void srn_async_event(DAT_EVENT *e, DAT_EVD_HANDLE evd, DAT_EVENT_NUMBER n, DAT_H
 extern DAT_NAMED_ATTR srn_provider_attrs[];
 extern const int srn_num_provider_attrs;
 
+/* move.c */
+int srn_move_held(int uffd, int memfd, uintptr_t start, uintptr_t len, int prot);
+
 /* libdat2 maps the IA handle a consumer holds to the provider's; it is
  * exported by libdat2 but declared in no installed header. */
 extern DAT_RETURN dats_get_ia_handle(DAT_IA_HANDLE, DAT_IA_HANDLE *);

@@ -63,7 +63,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -104,19 +103,31 @@ type Space struct {
 	kept []run
 	// uffd holds a partly registered page's accesses while it moves
 	// (uffd.go), if hold; -1 if the process may have no userfaultfd.
-	uffd int
-	hold atomic.Bool
+	uffd  int
+	mover Mover // s.mu
 }
 
+// Mover moves [start, end) onto memfd (at offset start, mapped with prot)
+// with other threads' accesses to it held meanwhile through uffd, a
+// userfaultfd (uffd.go): held false means it could not hold them and did
+// nothing (the page then moves plainly); an error, that it put the page
+// back.
+type Mover func(uffd, memfd int, start, end uintptr, prot int) (held bool, err error)
+
 // HoldNeighbours makes registrations hold the accesses of other threads to
-// a range's first and last pages while they move (uffd.go), so that none
-// is lost. Only for a process whose other threads are not the Go
-// runtime's: a goroutine held in a page fault cannot stop for the
-// runtime's stop-the-world, and the registering goroutine, back from a
-// system call, waits for it: both wait for good. The DAT provider, whose
-// consumer's threads are C's, turns it on; a Go program must not write
-// the neighbours of memory it registers meanwhile.
-func (s *Space) HoldNeighbours() { s.hold.Store(true) }
+// a range's first and last pages while they move, with m. m must not run
+// Go code while a page is held: a thread of the Go runtime held in a page
+// fault (a goroutine, or a C thread inside a callback into Go) cannot stop
+// for the runtime's stop-the-world, and a registering goroutine that waits
+// on the runtime (as a return from a system call does) would wait for it
+// for good. The DAT provider passes a C function; a Go program moves the
+// edge pages plainly and must not write beside memory it registers
+// meanwhile.
+func (s *Space) HoldNeighbours(m Mover) {
+	s.mu.Lock()
+	s.mover = m
+	s.mu.Unlock()
+}
 
 type run struct {
 	start, end uintptr

@@ -1,8 +1,7 @@
 package memreg
 
 import (
-	"os"
-	"sync/atomic"
+	"fmt"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -26,9 +25,6 @@ import (
 //
 // Without a userfaultfd (a kernel or seccomp policy without it) the page
 // moves by copy and remap, and the package comment's caveat applies.
-
-// unheld counts the pages moved without their accesses held.
-var unheld atomic.Int64
 
 // linux/userfaultfd.h
 const (
@@ -68,49 +64,19 @@ func openUffd() int {
 	return -1
 }
 
-// moveInHeld is moveIn with the page's accesses held meanwhile (see
-// above); it falls back to moveIn where a userfaultfd cannot hold them.
+// moveInHeld is moveIn with the page's accesses held meanwhile by the
+// Space's Mover (HoldNeighbours); it falls back to moveIn where there is
+// none or it cannot hold them. s.mu held.
 func (s *Space) moveInHeld(start, end uintptr, prot int) error {
-	if s.uffd < 0 || !s.hold.Load() {
+	if s.uffd < 0 || s.mover == nil {
 		return s.moveIn(start, end, prot)
 	}
-	n := end - start
-	reg := uffdioRegister{rng: uffdioRange{uint64(start), uint64(n)}, mode: uffdRegisterMissing}
-	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(s.uffd), ioctlUffdRegister, uintptr(unsafe.Pointer(&reg))); errno != 0 {
-		unheld.Add(1)
+	held, err := s.mover(s.uffd, int(s.file.Fd()), start, end, prot)
+	if !held && err == nil {
 		return s.moveIn(start, end, prot) // not anonymous memory: no holding
 	}
-	rng := uffdioRange{uint64(start), uint64(n)}
-	release := func() {
-		_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(s.uffd), ioctlUffdUnregister, uintptr(unsafe.Pointer(&rng)))
-		_, _, _ = unix.Syscall(unix.SYS_IOCTL, uintptr(s.uffd), ioctlUffdWake, uintptr(unsafe.Pointer(&rng)))
+	if err != nil {
+		return fmt.Errorf("memreg: move %#x-%#x: %w", start, end, err)
 	}
-	tmp, _, errno := unix.Syscall6(unix.SYS_MREMAP, start, n, n, unix.MREMAP_MAYMOVE|unix.MREMAP_DONTUNMAP, 0, 0)
-	if errno != 0 {
-		unheld.Add(1)
-		release()
-		return s.moveIn(start, end, prot)
-	}
-	// From here the page is held: nothing may fail without putting its
-	// contents back.
-	putBack := func() {
-		_, _, _ = unix.Syscall6(unix.SYS_MREMAP, tmp, n, n, unix.MREMAP_MAYMOVE|unix.MREMAP_FIXED, start, 0)
-		release()
-	}
-	fd := s.file.Fd()
-	for off := uintptr(0); off < n; {
-		w, _, errno := unix.Syscall6(unix.SYS_PWRITE64, fd, tmp+off, n-off, start+off, 0, 0)
-		if errno != 0 || w == 0 {
-			putBack()
-			return &os.PathError{Op: "memreg: copy into the memfd", Path: "softrnic-registered", Err: errno}
-		}
-		off += w
-	}
-	if _, _, errno := unix.Syscall6(unix.SYS_MMAP, start, n, uintptr(prot), unix.MAP_SHARED|unix.MAP_FIXED, fd, start); errno != 0 {
-		putBack()
-		return &os.PathError{Op: "memreg: map the memfd", Path: "softrnic-registered", Err: errno}
-	}
-	release()
-	_, _, _ = unix.Syscall(unix.SYS_MUNMAP, tmp, n, 0)
 	return nil
 }
