@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +68,8 @@ func TestConnectAtTheDescriptorLimit(t *testing.T) {
 	// the lowest free one, no descriptor can be opened.
 	var lim unix.Rlimit
 	must(t, unix.Getrlimit(unix.RLIMIT_NOFILE, &lim))
+	runtime.GC() // files earlier tests dropped close now, not midway
+	runtime.GC()
 	f, err := os.Open(os.DevNull)
 	must(t, err)
 	lowest := f.Fd()
@@ -74,7 +77,20 @@ func TestConnectAtTheDescriptorLimit(t *testing.T) {
 	low := lim
 	low.Cur = uint64(lowest)
 	must(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &low))
+	// A descriptor below the limit freed since (a finalizer closing a
+	// dropped file) is taken here, so that the daemon finds none.
+	var held []*os.File
+	for {
+		f, err := os.Open(os.DevNull)
+		if err != nil {
+			break
+		}
+		held = append(held, f)
+	}
 	err = cep.Connect(addr, nil, 10*time.Second)
+	for _, f := range held {
+		f.Close()
+	}
 	must(t, unix.Setrlimit(unix.RLIMIT_NOFILE, &lim))
 	var ce *ctl.Error
 	if !errors.As(err, &ce) || ce.Status != ctl.InsufficientResources || !strings.Contains(ce.Message, "RLIMIT_NOFILE") {
