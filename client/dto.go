@@ -126,7 +126,8 @@ func (e *EP) PostReadv(cookie uint64, into []Segment, from RemoteBuffer, flags F
 	if len(into) == 0 || len(into) > shm.RingSGE {
 		return fmt.Errorf("%w: %d segments for a Read, 1 to %d", ErrInvalidParameter, len(into), shm.RingSGE)
 	}
-	sqes := make([]shm.SQE, len(into))
+	var buf [shm.RingSGE]shm.SQE // no allocation per post
+	sqes := buf[:len(into)]
 	for i, s := range into {
 		sgl, n, err := toSGL(into[i:i+1], 1)
 		if err != nil {
