@@ -86,13 +86,13 @@ const (
 )
 
 // invalid is DAT_INVALID_HANDLE with the subtype of the handle's kind.
-func invalid(k uint32) C.DAT_RETURN {
-	sub := map[uint32]C.DAT_RETURN{
-		C.SRN_IA: C.DAT_INVALID_HANDLE_IA, C.SRN_PZ: C.DAT_INVALID_HANDLE_PZ, C.SRN_LMR: C.DAT_INVALID_HANDLE_LMR,
-		C.SRN_EVD: C.DAT_INVALID_HANDLE_EVD_REQUEST, C.SRN_EP: C.DAT_INVALID_HANDLE_EP, C.SRN_PSP: C.DAT_INVALID_HANDLE_PSP,
-		C.SRN_RSP: C.DAT_INVALID_HANDLE_RSP, C.SRN_CR: C.DAT_INVALID_HANDLE_CR,
-	}[k]
-	return datInvalidHandle | sub
+func invalid(k uint32) C.DAT_RETURN { return datInvalidHandle | invalidSubtype[k] }
+
+// invalidSubtype is the DAT_INVALID_HANDLE subtype of each handle kind.
+var invalidSubtype = map[uint32]C.DAT_RETURN{
+	C.SRN_IA: C.DAT_INVALID_HANDLE_IA, C.SRN_PZ: C.DAT_INVALID_HANDLE_PZ, C.SRN_LMR: C.DAT_INVALID_HANDLE_LMR,
+	C.SRN_EVD: C.DAT_INVALID_HANDLE_EVD_REQUEST, C.SRN_EP: C.DAT_INVALID_HANDLE_EP, C.SRN_PSP: C.DAT_INVALID_HANDLE_PSP,
+	C.SRN_RSP: C.DAT_INVALID_HANDLE_RSP, C.SRN_CR: C.DAT_INVALID_HANDLE_CR,
 }
 
 // arg is DAT_INVALID_PARAMETER naming argument n (1-based).
