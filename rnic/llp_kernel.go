@@ -477,22 +477,28 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 		q := kc.lock()
 		kc.txAgain = false
 		n := 0
+		held := false
 		switch {
 		case q != nil && q.abort && q.conn == llpConn(kc):
 			// An abortive disconnect, or no FIN from the peer.
 			kc.Abort()
+		case q != nil && q.batch > 0:
+			// A batch of posts is open: what it posted goes at its
+			// EndPosts, which this hands the path to.
+			q.batchKick = true
+			held = true
 		case !kc.closed && !kc.finSent:
 			n = kc.llp.Fill(kc, *bp)
 		}
 		kc.unlock(q)
 		if n == 0 {
 			kc.mu.Lock()
-			if kc.txAgain {
+			if kc.txAgain && !held {
 				kc.mu.Unlock()
 				continue
 			}
 			kc.txBusy = false
-			fin := kc.finWanted && !kc.finSent && !kc.closed
+			fin := !held && kc.finWanted && !kc.finSent && !kc.closed
 			if fin {
 				kc.finSent = true
 			}
