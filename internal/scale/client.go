@@ -709,6 +709,9 @@ type DisconnectReply struct {
 	LastSeconds float64 `json:"last_seconds"`
 	// Events counts the events by name (DISCONNECTED, BROKEN).
 	Events map[string]int `json:"events"`
+	// EndedBefore counts, by event, the connections that had come up
+	// and ended on their own before the command: none should.
+	EndedBefore map[string]int `json:"ended_before,omitempty"`
 }
 
 // awaitDisconnects waits up to d for every live connection's end: the
@@ -717,14 +720,21 @@ func (p *proc) awaitDisconnects(d time.Duration) DisconnectReply {
 	t0 := time.Now()
 	p.mu.Lock()
 	var live []*endpoint
+	before := map[string]int{}
 	for _, e := range p.eps {
-		if e.live() {
+		switch {
+		case e.live():
 			live = append(live, e)
+		case e.established:
+			before[e.ended.String()]++
 		}
 	}
 	p.mu.Unlock()
 	p.waitFor(d, func() bool { return countEnded(live) == len(live) })
 	r := DisconnectReply{Live: len(live), Events: map[string]int{}}
+	if len(before) > 0 {
+		r.EndedBefore = before
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range live {

@@ -518,6 +518,9 @@ func (r *run) teardown() Teardown {
 		r.fail("teardown", err)
 	}
 	td.Live = td.Peers.Live
+	if len(td.Peers.EndedBefore) > 0 {
+		r.fail("teardown", fmt.Errorf("connections that came up ended on their own before it: %v", td.Peers.EndedBefore))
+	}
 	r.progress("SIGTERM to B's daemon with %d QPs live: %s after %.2f s; A saw %d of %d disconnects (%v), the last at %.2f s",
 		td.Live, td.ExitStatus, td.Seconds, td.Peers.Seen, td.Peers.Live, td.Peers.Events, td.Peers.LastSeconds)
 	return td
