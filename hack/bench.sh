@@ -12,6 +12,9 @@
 # Then issue 16's scale benchmark (softrnic-scale): SCALE_N QPs (default
 # 10000) per daemon pair on each datapath, its table after the others and
 # its figures under "scale" in bench/results.json. SCALE_N=0 skips it.
+#
+# Before it, issue 18's TCP loss grid (softrnic-lossgrid), under
+# "lossgrid" in results.json. LOSSGRID=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -47,6 +50,13 @@ if [ -n "$baseline" ]; then
 	fi
 fi
 "$bin/softrnic-bench" --bin "$bin" --out bench --mtu "${MTU:-1500}" --crc="${CRC:-true}" --seconds "${SECONDS_PER_POINT:-1}" --rounds "${ROUNDS:-5}" "${base[@]}"
+
+# The TCP loss grid (issue 18): Linux ↔ Linux beside the engine over one
+# impaired link, LOSSGRID_SECONDS (default 3) per stream; LOSSGRID=0 skips.
+if [ "${LOSSGRID:-1}" != 0 ]; then
+	go build -o "$bin/" ./cmd/softrnic-lossgrid
+	"$bin/softrnic-lossgrid" --seconds "${LOSSGRID_SECONDS:-3}" --results bench/results.json
+fi
 
 # Scale: after softrnic-bench, which writes bench/results.json anew, so
 # that the figures are added to this run's file. Daemons and clients run

@@ -46,6 +46,9 @@ type Options struct {
 	// Offloads leaves TX checksum offload, TSO and GSO on. Off by default:
 	// with them on, frames carry partial checksums and super-packets.
 	Offloads bool
+	// NoLink makes the two namespaces with their loopback only, no veth
+	// pair: the caller links them (TunBridge does, through itself).
+	NoLink bool
 }
 
 func (o *Options) setDefaults() {
@@ -109,6 +112,15 @@ func New(opts Options) (_ *Pair, err error) {
 		if err := run("ip", "netns", "add", h.Namespace); err != nil {
 			return nil, err
 		}
+	}
+	if opts.NoLink {
+		p.A.Link, p.B.Link = "", ""
+		for _, h := range []Host{p.A, p.B} {
+			if err := run("ip", "-n", h.Namespace, "link", "set", "lo", "up"); err != nil {
+				return nil, err
+			}
+		}
+		return p, nil
 	}
 	q := strconv.Itoa(opts.Queues)
 	if err := run("ip", "link", "add", p.A.Link, "netns", p.A.Namespace,

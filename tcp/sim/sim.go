@@ -30,8 +30,13 @@ type Link struct {
 	// Drop, if set, decides the fate of each packet before the random
 	// impairments (scenario tests drop chosen segments with it).
 	Drop func(seg []byte) bool
+	// JitterKeepsOrder: jitter never makes a packet due before the one
+	// sent ahead of it (tc-netem with a rate set, and internal/impair);
+	// reordering is then Reorder's alone.
+	JitterKeepsOrder bool
 
 	busyUntil tcp.Time
+	lastAt    tcp.Time // when the last packet not reordered is due
 	queued    []queuedLen
 	Stats     LinkStats
 }
@@ -153,6 +158,10 @@ func (n *Network) send(h *Host, src, dst netip.Addr, seg []byte) {
 		at := start.Add(tx + l.Delay)
 		if l.Jitter > 0 {
 			at = at.Add(time.Duration(n.rng.Int64N(int64(l.Jitter))))
+			if l.JitterKeepsOrder {
+				at = max(at, l.lastAt)
+				l.lastAt = at
+			}
 		}
 		if l.Reorder > 0 && n.rng.Float64() < l.Reorder {
 			d := l.ReorderDelay

@@ -1,0 +1,122 @@
+// Command softrnic-lossgrid is the TCP loss benchmark (issue 18): a bulk
+// stream over one impaired link, Linux ↔ Linux beside the engine ↔ Linux,
+// Linux ↔ engine and engine ↔ engine, at each point of a grid of loss,
+// reordering, duplication and delay (internal/lossgrid).
+//
+//	softrnic-lossgrid [--seconds 3] [--seed 1] [--points 'loss 1%,clean'] [--pairs linux→linux,engine→linux]
+//	                  [--json FILE] [--results FILE]
+//
+// --results adds the run under "lossgrid" to an existing results.json
+// (make bench's). Run as root: it makes two network namespaces.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/softrnic/softrnic/internal/lossgrid"
+	"github.com/softrnic/softrnic/internal/topology"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "softrnic-lossgrid:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	seconds := flag.Float64("seconds", 3, "length of each stream")
+	seed := flag.Uint64("seed", 1, "seed of the impairments")
+	points := flag.String("points", "", "comma-separated point names to run (default: the whole grid)")
+	pairs := flag.String("pairs", "", "comma-separated pairs (linux→linux, engine→linux, linux→engine, engine→engine; -> works for →)")
+	jsonOut := flag.String("json", "", "write the results to this file")
+	results := flag.String("results", "", "add the results under \"lossgrid\" to this results.json")
+	flag.Parse()
+	o := lossgrid.Options{Duration: time.Duration(*seconds * float64(time.Second)), Seed: *seed, Progress: os.Stdout}
+	if *points != "" {
+		byName := map[string]lossgrid.Point{}
+		for _, p := range lossgrid.Grid() {
+			byName[p.Name] = p
+		}
+		for _, n := range strings.Split(*points, ",") {
+			p, ok := byName[strings.TrimSpace(n)]
+			if !ok {
+				return fmt.Errorf("--points: no point %q in the grid", n)
+			}
+			o.Points = append(o.Points, p)
+		}
+	}
+	if *pairs != "" {
+		for _, n := range strings.Split(strings.ReplaceAll(*pairs, "->", "→"), ",") {
+			found := false
+			for _, p := range lossgrid.Pairs {
+				if p.String() == strings.TrimSpace(n) {
+					o.Pairs, found = append(o.Pairs, p), true
+				}
+			}
+			if !found {
+				return fmt.Errorf("--pairs: no pair %q", n)
+			}
+		}
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces, TUN devices)")
+	}
+	br, err := topology.OpenTunBridge("srnlg", 1500)
+	if err != nil {
+		return err
+	}
+	defer br.Close()
+	rs, err := lossgrid.Run(br, o)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n== TCP loss grid: %v streams, one impairment on both directions, seed %d\n", o.Duration, *seed)
+	lossgrid.Print(os.Stdout, rs)
+	doc := map[string]any{"seconds": *seconds, "seed": *seed, "results": rs, "targets": lossgrid.Verdicts(rs)}
+	if *jsonOut != "" {
+		b, err := json.MarshalIndent(doc, "", "  ")
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	if *results != "" {
+		return merge(*results, doc)
+	}
+	return nil
+}
+
+// merge sets "lossgrid" in the JSON object at path, keeping the rest.
+func merge(path string, v any) error {
+	doc := map[string]json.RawMessage{}
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return err
+	default:
+		if err := json.Unmarshal(b, &doc); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
+	}
+	raw, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	doc["lossgrid"] = raw
+	out, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(out, '\n'), 0o644)
+}
