@@ -4,7 +4,7 @@
 // reordering, duplication and delay (internal/lossgrid).
 //
 //	softrnic-lossgrid [--seconds 3] [--seed 1] [--points 'loss 1%,clean'] [--pairs linux→linux,engine→linux]
-//	                  [--json FILE] [--results FILE]
+//	                  [--linux-cc cubic] [--json FILE] [--results FILE]
 //
 // --results adds the run under "lossgrid" to an existing results.json
 // (make bench's). Run as root: it makes two network namespaces.
@@ -38,8 +38,9 @@ func run() error {
 	pairs := flag.String("pairs", "", "comma-separated pairs (linux→linux, engine→linux, linux→engine, engine→engine; -> works for →)")
 	jsonOut := flag.String("json", "", "write the results to this file")
 	results := flag.String("results", "", "add the results under \"lossgrid\" to this results.json")
+	linuxCC := flag.String("linux-cc", "cubic", "congestion control of the Linux sides (cubic is the engine's)")
 	flag.Parse()
-	o := lossgrid.Options{Duration: time.Duration(*seconds * float64(time.Second)), Seed: *seed, Progress: os.Stdout}
+	o := lossgrid.Options{Duration: time.Duration(*seconds * float64(time.Second)), Seed: *seed, Progress: os.Stdout, LinuxCC: *linuxCC}
 	if *points != "" {
 		byName := map[string]lossgrid.Point{}
 		for _, p := range lossgrid.Grid() {
@@ -78,9 +79,10 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n== TCP loss grid: %v streams, one impairment on both directions, seed %d\n", o.Duration, *seed)
+	fmt.Printf("\n== TCP loss grid: %v streams, one impairment on both directions, seed %d, Linux %s, engine %s\n",
+		o.Duration, *seed, *linuxCC, "cubic")
 	lossgrid.Print(os.Stdout, rs)
-	doc := map[string]any{"seconds": *seconds, "seed": *seed, "results": rs, "targets": lossgrid.Verdicts(rs)}
+	doc := map[string]any{"seconds": *seconds, "seed": *seed, "linux_cc": *linuxCC, "results": rs, "targets": lossgrid.Verdicts(rs)}
 	if *jsonOut != "" {
 		b, err := json.MarshalIndent(doc, "", "  ")
 		if err != nil {

@@ -89,6 +89,11 @@ type Options struct {
 	// Engine configures the engine's stacks (its zero value is the
 	// daemon's default).
 	Engine tcp.Options
+	// LinuxCC is the congestion control of the Linux sides (default
+	// "cubic", the engine's default, so that the two compare like with
+	// like: a host's own default may be BBR, which does not back off on
+	// loss at all).
+	LinuxCC string
 	// Progress, if set, gets a line per stream.
 	Progress io.Writer
 }
@@ -132,6 +137,14 @@ func Run(br *topology.TunBridge, o Options) ([]Result, error) {
 	}
 	if o.Pairs == nil {
 		o.Pairs = Pairs
+	}
+	if o.LinuxCC == "" {
+		o.LinuxCC = "cubic"
+	}
+	for _, h := range []topology.Host{br.A, br.B} {
+		if out, err := h.Command("sysctl", "-qw", "net.ipv4.tcp_congestion_control="+o.LinuxCC).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("linux congestion control %q: %v: %s", o.LinuxCC, err, out)
+		}
 	}
 	rd := startReaders(br)
 	defer close(rd.done)
