@@ -16,6 +16,7 @@ package lossgrid
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -29,7 +30,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/internal/impair"
 	"github.com/softrnic/softrnic/internal/topology"
@@ -140,11 +144,6 @@ func Run(br *topology.TunBridge, o Options) ([]Result, error) {
 	}
 	if o.LinuxCC == "" {
 		o.LinuxCC = "cubic"
-	}
-	for _, h := range []topology.Host{br.A, br.B} {
-		if out, err := h.Command("sysctl", "-qw", "net.ipv4.tcp_congestion_control="+o.LinuxCC).CombinedOutput(); err != nil {
-			return nil, fmt.Errorf("linux congestion control %q: %v: %s", o.LinuxCC, err, out)
-		}
 	}
 	rd := startReaders(br)
 	defer close(rd.done)
@@ -262,7 +261,7 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 	var ln *net.TCPListener
 	if pr.Receiver == Linux {
 		var err error
-		if ln, err = br.B.ListenTCP(dst); err != nil {
+		if ln, err = listenCC(br.B, dst, o.LinuxCC); err != nil {
 			res.Err = err.Error()
 			return res
 		}
@@ -302,7 +301,7 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 			res.Err = err.Error()
 			return res
 		}
-		c, err := br.A.DialTCP(dst, 5*time.Second)
+		c, err := dialCC(br.A, dst, o.LinuxCC)
 		if err != nil {
 			res.Err = "connect: " + err.Error()
 			return res
@@ -588,4 +587,50 @@ func tunDrops(br *topology.TunBridge) uint64 {
 		}
 	}
 	return n
+}
+
+// withCC sets a socket's congestion control (TCP_CONGESTION: as root any
+// the kernel has, where a namespace's default may only be one of
+// tcp_allowed_congestion_control).
+func withCC(cc string) func(network, address string, rc syscall.RawConn) error {
+	return func(network, address string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptString(int(fd), unix.IPPROTO_TCP, unix.TCP_CONGESTION, cc)
+		}); err != nil {
+			return err
+		}
+		if serr != nil {
+			return fmt.Errorf("TCP_CONGESTION %q: %w", cc, serr)
+		}
+		return nil
+	}
+}
+
+// dialCC connects from h's namespace with congestion control cc.
+func dialCC(h topology.Host, dst netip.AddrPort, cc string) (*net.TCPConn, error) {
+	var c *net.TCPConn
+	err := h.Do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second, Control: withCC(cc)}
+		conn, err := d.Dial("tcp4", dst.String())
+		if err == nil {
+			c = conn.(*net.TCPConn)
+		}
+		return err
+	})
+	return c, err
+}
+
+// listenCC listens in h's namespace; accepted sockets inherit cc.
+func listenCC(h topology.Host, addr netip.AddrPort, cc string) (*net.TCPListener, error) {
+	var ln *net.TCPListener
+	err := h.Do(func() error {
+		lc := net.ListenConfig{Control: withCC(cc)}
+		l, err := lc.Listen(context.Background(), "tcp4", addr.String())
+		if err == nil {
+			ln = l.(*net.TCPListener)
+		}
+		return err
+	})
+	return ln, err
 }
