@@ -323,13 +323,19 @@ func (r *recvBuf) peek() []byte {
 // addOOO records [seq, seq+len(p)) beyond RCV.NXT and copies it in. It
 // returns false when the range cannot be tracked (too many holes).
 func (r *recvBuf) addOOO(seq Seq, p []byte) bool {
-	l, i, _, ok := mergeSpan(r.ooo, span{seq, seq.Add(len(p))}, maxOOO)
+	_, ok := r.addOOOCount(seq, p)
+	return ok
+}
+
+// addOOOCount is addOOO, also saying how many of the octets were new.
+func (r *recvBuf) addOOOCount(seq Seq, p []byte) (int, bool) {
+	l, i, added, ok := mergeSpan(r.ooo, span{seq, seq.Add(len(p))}, maxOOO)
 	if !ok {
-		return false
+		return 0, false
 	}
 	r.ooo, r.last = l, i
 	r.put(seq, p)
-	return true
+	return added, true
 }
 
 // mergeSpan inserts b into l, a sorted list of disjoint, non-adjacent

@@ -88,11 +88,6 @@ type Conn struct {
 	// window (fast retransmit, RFC 5681 §3.2 step 3; partial ACKs).
 	retransmitUna bool
 	highRxt       Seq // highest octet retransmitted in this recovery
-	// rxtMark is SND.MAX when the last hole was retransmitted: once
-	// data sent after it is SACKed, retransmissions still missing were
-	// lost too (as Linux's tcp_mark_lost_retrans did before RACK).
-	rxtMark      Seq
-	rxtMarkValid bool
 	// reordering is the duplicate threshold in use: DupThresh, raised
 	// when D-SACKs show a recovery was spurious (reordering, not loss),
 	// as Linux raises tp->reordering. Zero means DupThresh.
@@ -109,9 +104,12 @@ type Conn struct {
 	dsack      span
 	dsackValid bool
 	sb         scoreboard
-	win        Window
-	cc         CongestionControl
-	sendProbe  bool // send a window probe or keepalive now
+	// tx and rack: RACK loss detection (rack.go), SACK connections.
+	tx        txlog
+	rack      rackState
+	win       Window
+	cc        CongestionControl
+	sendProbe bool // send a window probe or keepalive now
 	// Tail loss probe (RFC 8985 §7). sendTLP: the probe timeout (PTO)
 	// expired, send the probe. One probe at a time: tlpValid until an ACK covers tlpHigh (SND.MAX
 	// after the probe); tlpRxt while the probe, a retransmission of
@@ -283,6 +281,8 @@ func (c *Conn) terminate(err error) {
 	// Conn is collected.
 	c.snd.drop()
 	c.sb.reset()
+	c.txRelease()
+	c.rack.lost = 0
 	c.rcv.ooo, c.rcv.last = nil, -1 // never to be read: consuming the rest drops the ring
 	c.rcv.dropIfEmpty()
 	c.stack.release(c)
@@ -307,12 +307,10 @@ func (c *Conn) pipe() int {
 	if !c.inRecovery {
 		return c.sndNxt.Sub(c.sndUna) - c.sb.sacked
 	}
-	p := c.sndMax.Sub(c.sndUna) - c.sb.sacked
-	if lost, ok := c.sb.lostBelow(c.mss, c.thresh()); ok {
-		from := maxSeq(c.highRxt, c.sndUna)
-		p -= c.sb.holeOctets(from, lost)
+	if !c.sackOK {
+		return max(c.sndMax.Sub(c.sndUna)-c.sb.sacked, 0)
 	}
-	return max(p, 0)
+	return max(c.sndMax.Sub(c.sndUna)-c.sb.sacked-c.rack.lost, 0)
 }
 
 // windowOpened: the consumer freed receive space; advertise it if the
@@ -357,13 +355,14 @@ func (c *Conn) currentRTO() time.Duration {
 	return min(r, c.stack.opts.RTOMax)
 }
 
-// rtoKind says which of three timers rtoAt is: they never run together.
+// rtoKind says which of four timers rtoAt is: they never run together.
 type rtoKind uint8
 
 const (
 	timerRTO     rtoKind = iota // retransmission timeout (RFC 6298)
 	timerPersist                // zero-window probe (RFC 9293 §3.8.6.1)
 	timerProbe                  // tail loss probe timeout (RFC 8985 §7.2)
+	timerReo                    // RACK reordering timer (RFC 8985 §6.3)
 )
 
 // armRTO (re)starts the retransmission timer (RFC 6298 §5.1, §5.3).
@@ -468,7 +467,7 @@ func (c *Conn) probeFired(now Time) {
 		if c.sndUna.LessThan(c.highRxt) {
 			c.Stats.LostRetransmits++
 		}
-		c.highRxt, c.rxtMarkValid = c.sndUna, false
+		c.highRxt = c.sndUna
 		c.retransmitUna = true
 		c.probeRounds++
 		c.armRetransmit(now)
@@ -534,6 +533,8 @@ func (c *Conn) onTimer(now Time) {
 			c.persistFired(now)
 		case timerProbe:
 			c.probeFired(now)
+		case timerReo:
+			c.reoFired(now)
 		default:
 			c.rtoFired(now)
 		}
@@ -579,6 +580,7 @@ func (c *Conn) rtoFired(now Time) {
 	if c.backoff > 1 {
 		c.sb.reset()
 	}
+	c.txForgetMarks(c.backoff > 1)
 	c.inRecovery = false
 	c.undoValid = false // after a timeout, no undo
 	c.tlpValid, c.sendTLP = false, false

@@ -385,6 +385,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			reordered := hadSACK && b.end.LessThan(priorHigh) && !b.start.LessThan(c.highRxt)
 			if c.sb.add(b) {
 				newSACK = true
+				c.txSACKed(now, b)
 				if reordered {
 					c.sawReordering(priorHigh.Sub(b.end))
 				}
@@ -409,6 +410,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			!c.beforeRecoveryPoint() && ack.LessThan(c.sb.highest()) {
 			c.sawReordering(c.sb.highest().Sub(ack))
 		}
+		c.txAcked(now, ack)
 		c.sndUna = ack
 		c.snd.release(minSeq(ack, c.snd.end()))
 		c.sb.release(ack)
@@ -455,7 +457,7 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 				c.retransmitUna = true
 			}
 		} else {
-			c.cc.OnAck(now, dataAcked, flightBefore+c.mss > c.win.Cwnd, c.srtt)
+			c.cc.OnAck(now, dataAcked, c.cwndLimited(flightBefore), c.srtt)
 		}
 		c.dupAcks = 0
 		// RFC 6298 §5.2-5.3.
@@ -491,16 +493,26 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 	}
 	if newSACK && c.inRecovery {
 		c.wantOutput()
-		// Data sent after the last retransmission has arrived (by
-		// more than DupThresh segments): retransmissions still
-		// missing below HighRxt were lost; walk the holes again.
-		if c.rxtMarkValid && c.rxtMark.Add(c.thresh()*c.mss).LessThan(c.sb.highest()) &&
-			c.sb.holeOctets(c.sndUna, c.highRxt) > 0 {
-			c.highRxt, c.rxtMarkValid = c.sndUna, false
-			c.Stats.LostRetransmits++
-		}
+	}
+	if acked > 0 || newSACK {
+		c.markLost(now)
 	}
 	c.detectLoss(now)
+}
+
+// cwndLimited: the window, not the application or the peer's window,
+// held the flight back, so it may grow (RFC 7661 §4.1's test). In slow
+// start, as Linux's tcp_is_cwnd_limited counts it: while cwnd is below
+// twice the flight. A peer whose receive window grows with what it
+// receives each round trip (Linux's autotuning) keeps a sender's flight
+// at its window; growing cwnd only when the flight fills it held slow
+// start to the receiver's pace after the window, not before it, and a
+// 20 ms path to half Linux's goodput after three seconds.
+func (c *Conn) cwndLimited(flight int) bool {
+	if c.win.Cwnd < c.win.Ssthresh {
+		return c.win.Cwnd < 2*flight
+	}
+	return flight+c.mss > c.win.Cwnd
 }
 
 // detectLoss enters fast recovery on DupThresh duplicate ACKs or when SACK
@@ -510,12 +522,10 @@ func (c *Conn) detectLoss(now Time) {
 	if c.inRecovery || c.flight() == 0 || !c.state.synchronized() {
 		return
 	}
-	lost := c.dupAcks >= c.thresh()
-	if !lost && c.sackOK {
-		if b, ok := c.sb.lostBelow(c.mss, c.thresh()); ok && c.sndUna.LessThan(b) {
-			lost = true
-		}
-	}
+	// With SACK, markLost has marked what RACK or DupThresh finds lost;
+	// counting duplicate ACKs is the fallback until the peer has shown
+	// reordering (RFC 8985 §6.2 step 4).
+	lost := c.rack.lost > 0 || (c.dupAcks >= c.thresh() && !(c.sackOK && c.rack.reoSeen))
 	if !lost || c.beforeRecoveryPoint() {
 		return
 	}
@@ -533,6 +543,7 @@ func (c *Conn) enterRecovery(now Time) {
 	c.undoStart, c.undoEnd = c.sndUna, c.sndUna
 	c.priorCwnd, c.priorThresh = c.win.Cwnd, c.win.Ssthresh
 	c.cc.OnLoss(now, c.flight())
+	c.rackOnRecovery()
 	c.Stats.FastRetransmits++
 	c.retransmitUna = true
 	c.quickAcks = 0
@@ -543,6 +554,7 @@ func (c *Conn) enterRecovery(now Time) {
 // was overtaken by gap octets.
 func (c *Conn) sawReordering(gap int) {
 	degree := (gap+c.mss-1)/c.mss + 1
+	c.rack.reoSeen = true
 	if degree > c.thresh() {
 		c.reordering = min(degree, maxReordering)
 		c.Stats.Reorderings++
@@ -583,6 +595,7 @@ func (c *Conn) isDSACK(b span, ack Seq, o *header.TCPOptions) bool {
 // threshold rises so that reordering as deep does not trigger it again.
 func (c *Conn) onDSACK(b span) {
 	c.Stats.DSACKsIn++
+	c.rackOnDSACK()
 	if !c.undoValid || !(span{c.undoStart, c.undoEnd}).contains(b) {
 		return
 	}
@@ -630,8 +643,16 @@ func (c *Conn) receiveData(now Time, seq Seq, p []byte, psh bool) {
 		// Out of order: hold it and ACK at once with SACK (RFC 5681
 		// §4.2, RFC 2018).
 		c.Stats.OutOfOrder++
-		if !c.rcv.addOOO(seq, p) {
+		added, ok := c.rcv.addOOOCount(seq, p)
+		switch {
+		case !ok:
 			c.Stats.Dropped++
+		case added == 0 && c.sackOK:
+			// Held already, out of order: a duplicate too, which the
+			// sender learns from a D-SACK (RFC 2883 §4.1.2), as
+			// Linux reports it; without it a sender that resent
+			// it early cannot tell reordering from loss.
+			c.dsack, c.dsackValid = span{seq, seq.Add(len(p))}, true
 		}
 		c.dupAcksOwed = min(c.dupAcksOwed+1, 64)
 		c.sendAck()

@@ -102,14 +102,12 @@ func (c *Conn) sendData(now Time, b []byte) int {
 	if c.inRecovery {
 		pipe = c.pipe()
 	}
-	// RFC 6675 §5 (NextSeg rule 1): retransmit the first lost hole.
+	// RFC 6675 §5 (NextSeg rule 1): retransmit the first range marked
+	// lost (by RACK or DupThresh: markLost).
 	if c.inRecovery && pipe+c.mss <= c.win.Cwnd {
-		if lost, ok := c.sb.lostBelow(c.mss, c.thresh()); ok {
-			from := maxSeq(c.highRxt, c.sndUna)
-			if h, ok := c.sb.nextHole(from, minSeq(lost, c.sndNxt), maxPayload); ok {
-				c.retransmitted(h.end)
-				return c.sendSegment(now, b, h.start, h.len(), false, &o)
-			}
+		if h, ok := c.nextLost(maxPayload); ok {
+			c.retransmitted(h.end)
+			return c.sendSegment(now, b, h.start, h.len(), false, &o)
 		}
 	}
 
@@ -289,11 +287,10 @@ func (c *Conn) sendLossProbe(now Time, b []byte, o *header.TCPOptions, maxPayloa
 }
 
 // retransmitted books a retransmission of the octets up to end: HighRxt,
-// the mark above which SACKs tell it lost again, the count, and the
-// undo bookkeeping (noteRetransmit).
+// the count, and the undo bookkeeping (noteRetransmit). (Whether it is
+// lost again is RACK's to find: markLost.)
 func (c *Conn) retransmitted(end Seq) {
 	c.highRxt = maxSeq(c.highRxt, end)
-	c.rxtMark, c.rxtMarkValid = c.sndMax, true
 	c.Stats.Retransmits++
 	c.noteRetransmit(end)
 }
@@ -348,6 +345,7 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *head
 	lone := c.flight() <= c.mss
 	hdr := c.build(now, b, seq, flags, n, o)
 	if n > 0 {
+		c.txSent(now, seq, seq.Add(n))
 		c.snd.read(b[hdr-n:hdr], seq)
 		c.Stats.OctetsOut += uint64(n)
 		// The checksum covers the payload: fill it before summing.

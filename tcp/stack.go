@@ -44,6 +44,11 @@ type Stack struct {
 	// scratch is where a Filler builds data that crosses the end of a
 	// connection's send ring (see Conn.fill).
 	scratch []byte
+	// txFree are transmission logs (rack.go) of connections whose
+	// flight emptied, for the next one that sends: a connection with
+	// nothing in flight holds none, and a busy one takes one without
+	// allocating.
+	txFree [][]txrec
 }
 
 // StackStats count what the stack did with segments it could not hand to

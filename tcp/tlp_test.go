@@ -145,8 +145,9 @@ func TestLossProbeRetransmitsLastSegment(t *testing.T) {
 }
 
 // A small flight whose first segment is lost: two segments SACKed above
-// it are below DupThresh, and before the probe timer the RTO (200 ms) was
-// the only way out. The timer finds the hole lost and fast recovery
+// it are below DupThresh, and before RACK and the probe timer the RTO
+// (200 ms) was the only way out. RACK's reordering timer (a quarter of
+// the minimum RTT here) finds the hole lost and fast recovery
 // retransmits it.
 func TestProbeTimerStartsRecovery(t *testing.T) {
 	s, c, pseq, flight, now := tlpFlight(t, 3000)
@@ -161,7 +162,10 @@ func TestProbeTimerStartsRecovery(t *testing.T) {
 	if d := time.Duration(at - now); d > 5*time.Millisecond {
 		t.Fatalf("timer %v after the last ACK", d)
 	}
-	if !c.inRecovery || c.Stats.LossTimeouts != 1 || len(out) != 1 || out[0].seq != una || out[0].n != 1000 {
+	if d := at - now; d > tlpRTT/2 {
+		t.Fatalf("timer %v after the last ACK, want RACK's reordering window", time.Duration(d))
+	}
+	if !c.inRecovery || c.Stats.FastRetransmits != 1 || len(out) != 1 || out[0].seq != una || out[0].n != 1000 {
 		t.Fatalf("recovery %v, stats %+v, sent %+v", c.inRecovery, c.Stats, out)
 	}
 }
@@ -240,6 +244,7 @@ func TestGoBackAfterRTONotReordering(t *testing.T) {
 func TestProbeTimerInRecovery(t *testing.T) {
 	s, c, pseq, flight, now := tlpFlight(t, 10000)
 	c.reordering = 10 // a peer seen to reorder deeply
+	c.rack.reoSeen = true
 	una := flight[0].seq
 	now += tlpRTT
 	for k := Seq(2); k <= 10; k++ {
@@ -260,7 +265,7 @@ func TestProbeTimerInRecovery(t *testing.T) {
 		last = at
 	}
 	st := c.Stats
-	if st.RTOs != 0 || st.LossTimeouts != 1 || st.LostRetransmits != maxProbeRounds {
+	if st.RTOs != 0 || st.FastRetransmits != 1 || st.LostRetransmits != maxProbeRounds {
 		t.Fatalf("stats %+v", st)
 	}
 	// Rounds exhausted: the RTO is next.

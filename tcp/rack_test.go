@@ -1,0 +1,136 @@
+package tcp_test
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/header"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/tcp/sim"
+)
+
+// A path of 100 µs that holds one segment in a hundred back by 400 µs,
+// and loses none. RACK's first reordering window, a quarter of the
+// minimum RTT, takes each of those for a loss; the D-SACKs of the
+// needless retransmissions widen the window (doubled per round trip, up
+// to 2 ms: past the smoothed RTT, RFC 8985's bound) until a segment held
+// that long is waited for. So the spurious retransmissions stop early:
+// with the window bounded by the RTT they went on to the end.
+func TestRACKReorderingWindowLearnsFromDSACK(t *testing.T) {
+	link := func() *sim.Link {
+		// No rate limit, so no queue: the smoothed RTT stays near
+		// 100 µs, below the 400 µs a segment is held.
+		return &sim.Link{Delay: 50 * time.Microsecond, Reorder: 0.01, ReorderDelay: 400 * time.Microsecond}
+	}
+	ab := link()
+	const total = 64 << 20
+	p := newPair(t, 3, tcp.Options{}, ab, link(), total, 0, true)
+	var maxEnd uint32
+	var first bool
+	var late, early int // retransmissions in the second and first half
+	p.net.Tap = func(h *sim.Host, b []byte) {
+		s := decode(b)
+		if h != p.net.A || s.n == 0 || s.flags&header.TCPFlagSYN != 0 {
+			return
+		}
+		end := s.seq + uint32(s.n)
+		if !first {
+			first, maxEnd = true, s.seq
+		}
+		if int32(s.seq-maxEnd) < 0 {
+			if p.server.Recvd > total/2 {
+				late++
+			} else {
+				early++
+			}
+		}
+		if int32(end-maxEnd) > 0 {
+			maxEnd = end
+		}
+	}
+	if !p.net.Run(time.Minute, func() bool { return p.done(true) }) {
+		t.Fatalf("received %d", p.server.Recvd)
+	}
+	p.check(t, "transfer")
+	st := p.cconn.Stats
+	t.Logf("reordered %d: retransmissions %d in the first half, %d in the second; %+v", ab.Stats.Reordered, early, late, st)
+	if ab.Stats.Reordered < 200 || early == 0 {
+		t.Fatalf("the scenario did not reorder enough to test: %d reordered, %d retransmissions", ab.Stats.Reordered, early)
+	}
+	if late > 2 {
+		t.Fatalf("%d spurious retransmissions in the second half (%d in the first): the window did not learn", late, early)
+	}
+}
+
+// A receiver that gets an out-of-order segment it already holds reports
+// it in a D-SACK (RFC 2883 §4.1.2), as one below RCV.NXT: without it a
+// sender that resent the segment early cannot tell reordering from loss.
+func TestDSACKForOutOfOrderDuplicate(t *testing.T) {
+	p := established(t, tcp.Options{})
+	log := recordAll(p.net)
+	srv := p.server.Conn
+	nxt := uint32(tcp.RcvNxtForTest(srv))
+	id := p.cconn.ID()
+	f := header.TCPFields{SrcPort: id.LocalPort, DstPort: id.RemotePort, Seq: nxt + 1000, Ack: uint32(tcp.RcvNxtForTest(p.cconn)),
+		Flags: header.TCPFlagACK, Window: 65535}
+	payload := make([]byte, 500)
+	o := &header.TCPOptions{HasTimestamp: tcp.TSRecentForTest(p.cconn) != 0, TSVal: tcp.TSRecentForTest(srv) + 1}
+	if !o.HasTimestamp {
+		o = nil
+	}
+	for range 2 {
+		inject(p.net, p.net.B, f, o, payload)
+		p.net.Flush()
+	}
+	var acks []seg
+	for _, s := range *log {
+		if s.from == "B" && s.s.n == 0 {
+			acks = append(acks, s.s)
+		}
+	}
+	if len(acks) < 2 {
+		t.Fatalf("%d ACKs for two out-of-order segments", len(acks))
+	}
+	last := acks[len(acks)-1]
+	want := header.SACKBlock{Start: nxt + 1000, End: nxt + 1500}
+	if last.ack != nxt || last.opts.NumSACK < 2 || last.opts.SACK[0] != want || last.opts.SACK[1] != want {
+		t.Fatalf("ACK for the duplicate: ack %d (want %d), SACK %v, want the duplicate %v first and as held",
+			last.ack, nxt, last.opts.SACK[:last.opts.NumSACK], want)
+	}
+	if first := acks[len(acks)-2]; first.opts.NumSACK != 1 || first.opts.SACK[0] != want {
+		t.Fatalf("ACK for the first copy: SACK %v", first.opts.SACK[:first.opts.NumSACK])
+	}
+}
+
+// A receiver whose window, not the sender's, limits the flight: in slow
+// start the sender counts itself window-limited while cwnd is below twice
+// the flight (Linux's tcp_is_cwnd_limited), so cwnd stands at about twice
+// the peer's window when the peer opens it further, not at the window.
+// (Growing only when the flight filled cwnd held slow start behind a
+// receiver that widens its window with what it receives each round
+// trip: half of Linux's goodput at 20 ms in the loss benchmark.)
+func TestSlowStartGrowsPastAPeerWindowLimit(t *testing.T) {
+	link := func() *sim.Link { return &sim.Link{Delay: time.Millisecond, Rate: 1e9, Queue: 4 << 20} }
+	const window = 256 << 10
+	sa, sb := newStack(t, tcp.Options{}), newStack(t, tcp.Options{ReceiveBuffer: window})
+	n := sim.New(5, sa, sb, link(), link())
+	recv := &sim.Endpoint{Seed: 2, PeerSeed: 1}
+	send := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 1 << 40}
+	if _, err := sb.Listen(netip.Addr{}, port, recv); err != nil {
+		t.Fatal(err)
+	}
+	c, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), send)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send.Conn = c
+	n.RunFor(200 * time.Millisecond)
+	w := c.Window()
+	if recv.Corrupt != nil || c.Stats.Retransmits != 0 {
+		t.Fatalf("corrupt %v, retransmits %d", recv.Corrupt, c.Stats.Retransmits)
+	}
+	if w.Cwnd < window*3/2 || w.Cwnd > 2*window+2*w.MSS {
+		t.Fatalf("cwnd %d behind a peer window of %d, want about twice the window", w.Cwnd, window)
+	}
+}
