@@ -107,6 +107,7 @@ type Conn struct {
 	// tx and rack: RACK loss detection (rack.go), SACK connections.
 	tx        txlog
 	rack      rackState
+	prr       prrState
 	win       Window
 	cc        CongestionControl
 	sendProbe bool // send a window probe or keepalive now

@@ -15,3 +15,5 @@ func SACKForTest(c *Conn) bool       { return c.sackOK }
 func SndWSForTest(c *Conn) uint8     { return c.sndWS }
 func IssForTest(c *Conn) Seq         { return c.iss }
 func IrsForTest(c *Conn) Seq         { return c.irs }
+
+func InRecoveryForTest(c *Conn) bool { return c.inRecovery }

@@ -335,6 +335,7 @@ func (c *Conn) established(now Time, seg *Segment, ackScaled bool) {
 // acceptable segment (RFC 9293 §3.10.7.4 fifth, RFC 5681, RFC 6675).
 func (c *Conn) processAck(now Time, seg *Segment) {
 	ack := seg.Ack
+	unaBefore, sackedBefore := c.sndUna, c.sb.sacked
 	// Window update, with SND.WL1/WL2 guarding against old segments.
 	wnd := int(seg.Window) << c.sndWS
 	if seg.has(header.TCPFlagSYN) {
@@ -498,6 +499,9 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 		c.markLost(now)
 	}
 	c.detectLoss(now)
+	if c.inRecovery && c.sackOK {
+		c.prrAck(c.sndUna.Sub(unaBefore) + c.sb.sacked - sackedBefore)
+	}
 }
 
 // cwndLimited: the window, not the application or the peer's window,
@@ -542,6 +546,7 @@ func (c *Conn) enterRecovery(now Time) {
 	c.undoValid, c.undoRxt = true, 0
 	c.undoStart, c.undoEnd = c.sndUna, c.sndUna
 	c.priorCwnd, c.priorThresh = c.win.Cwnd, c.win.Ssthresh
+	c.prr = prrState{recoverFS: c.flight()}
 	c.cc.OnLoss(now, c.flight())
 	c.rackOnRecovery()
 	c.Stats.FastRetransmits++

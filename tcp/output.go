@@ -346,6 +346,9 @@ func (c *Conn) sendSegment(now Time, b []byte, seq Seq, n int, fin bool, o *head
 	hdr := c.build(now, b, seq, flags, n, o)
 	if n > 0 {
 		c.txSent(now, seq, seq.Add(n))
+		if c.inRecovery {
+			c.prr.out += n
+		}
 		c.snd.read(b[hdr-n:hdr], seq)
 		c.Stats.OctetsOut += uint64(n)
 		// The checksum covers the payload: fill it before summing.

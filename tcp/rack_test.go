@@ -134,3 +134,57 @@ func TestSlowStartGrowsPastAPeerWindowLimit(t *testing.T) {
 		t.Fatalf("cwnd %d behind a peer window of %d, want about twice the window", w.Cwnd, window)
 	}
 }
+
+// One segment lost from a full window: fast recovery with Proportional
+// Rate Reduction (RFC 6937) keeps sending as the ACKs come, about seven
+// segments for every ten the peer takes, until the window is down to
+// ssthresh. Cutting cwnd to ssthresh at once (RFC 6675 alone) left the
+// sender silent for the first third of the recovery, waiting for the
+// pipe to fall below the new window, and then sending in a burst.
+func TestPRRSpreadsTheReduction(t *testing.T) {
+	var dataSeen int
+	link := func() *sim.Link { return &sim.Link{Delay: time.Millisecond, Rate: 100e6, Queue: 64 << 20} }
+	ab := link()
+	ab.Drop = func(b []byte) bool {
+		if len(header.TCP(b).Payload()) == 0 {
+			return false
+		}
+		dataSeen++
+		return dataSeen == 1500
+	}
+	p := newPair(t, 7, tcp.Options{}, ab, link(), 16<<20, 0, true)
+	var start, end tcp.Time
+	var sends []tcp.Time
+	p.net.Tap = func(h *sim.Host, b []byte) {
+		if h != p.net.A || len(header.TCP(b).Payload()) == 0 || end != 0 {
+			return
+		}
+		in := tcp.InRecoveryForTest(p.cconn)
+		switch {
+		case in && start == 0:
+			start = p.net.Now // the fast retransmission
+		case in:
+			sends = append(sends, p.net.Now)
+		case start != 0:
+			end = p.net.Now
+		}
+	}
+	if !p.net.Run(time.Minute, func() bool { return p.done(true) }) {
+		t.Fatalf("received %d", p.server.Recvd)
+	}
+	p.check(t, "transfer")
+	st := p.cconn.Stats
+	if start == 0 || end == 0 || st.FastRetransmits != 1 || st.RTOs != 0 {
+		t.Fatalf("no single fast recovery: %+v", st)
+	}
+	early := 0
+	for _, at := range sends {
+		if at < start+(end-start)/3 {
+			early++
+		}
+	}
+	t.Logf("recovery of %v: %d segments sent, %d in its first third; %+v", time.Duration(end-start), len(sends), early, st)
+	if len(sends) < 20 || early < len(sends)/5 {
+		t.Fatalf("in recovery %d segments sent, %d in the first third", len(sends), early)
+	}
+}
