@@ -706,30 +706,12 @@ func rcvbufControl(n int) func(network, address string, c syscall.RawConn) error
 
 // peerListen opens the hostile server's kernel listener on h.
 func peerListen(h topology.Host, port uint16, rcvbuf int) (*net.TCPListener, error) {
-	var ln *net.TCPListener
-	err := h.Do(func() error {
-		lc := net.ListenConfig{Control: rcvbufControl(rcvbuf)}
-		l, err := lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(h.Addr.Addr(), port).String())
-		if err == nil {
-			ln = l.(*net.TCPListener)
-		}
-		return err
-	})
-	return ln, err
+	return h.ListenTCPWith(netip.AddrPortFrom(h.Addr.Addr(), port), rcvbufControl(rcvbuf))
 }
 
 // peerDial connects the hostile client from h to addr.
 func peerDial(h topology.Host, addr netip.AddrPort, rcvbuf int) (*net.TCPConn, error) {
-	var c *net.TCPConn
-	err := h.Do(func() error {
-		d := net.Dialer{Timeout: 3 * time.Second, Control: rcvbufControl(rcvbuf)}
-		conn, err := d.Dial("tcp4", addr.String())
-		if err == nil {
-			c = conn.(*net.TCPConn)
-		}
-		return err
-	})
-	return c, err
+	return h.DialTCPWith(addr, 3*time.Second, rcvbufControl(rcvbuf))
 }
 
 // checkSend checks that ulpdu is an untagged RDMAP Send carrying want.

@@ -1,7 +1,6 @@
 package tcp_test
 
 import (
-	"net/netip"
 	"testing"
 	"time"
 
@@ -27,18 +26,7 @@ func BenchmarkSimLossGrid(b *testing.B) {
 					return &sim.Link{Delay: max(c.Delay, 100*time.Microsecond), Jitter: c.Jitter, Rate: 1e9, Queue: 1 << 20,
 						Loss: c.Loss, Duplicate: c.Duplicate, Reorder: c.Reorder, JitterKeepsOrder: true}
 				}
-				sa, sb := newStack(b, tcp.Options{}), newStack(b, tcp.Options{})
-				n := sim.New(uint64(i+1), sa, sb, link(), link())
-				recv := &sim.Endpoint{Seed: 2, PeerSeed: 1}
-				send := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 1 << 40}
-				if _, err := sb.Listen(netip.Addr{}, port, recv); err != nil {
-					b.Fatal(err)
-				}
-				c, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), send)
-				if err != nil {
-					b.Fatal(err)
-				}
-				send.Conn = c
+				n, c, recv := bulkStream(b, uint64(i+1), tcp.Options{}, tcp.Options{}, link(), link())
 				n.RunFor(time.Second)
 				if recv.Corrupt != nil {
 					b.Fatal(recv.Corrupt)

@@ -113,18 +113,7 @@ func TestDSACKForOutOfOrderDuplicate(t *testing.T) {
 func TestSlowStartGrowsPastAPeerWindowLimit(t *testing.T) {
 	link := func() *sim.Link { return &sim.Link{Delay: time.Millisecond, Rate: 1e9, Queue: 4 << 20} }
 	const window = 256 << 10
-	sa, sb := newStack(t, tcp.Options{}), newStack(t, tcp.Options{ReceiveBuffer: window})
-	n := sim.New(5, sa, sb, link(), link())
-	recv := &sim.Endpoint{Seed: 2, PeerSeed: 1}
-	send := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 1 << 40}
-	if _, err := sb.Listen(netip.Addr{}, port, recv); err != nil {
-		t.Fatal(err)
-	}
-	c, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), send)
-	if err != nil {
-		t.Fatal(err)
-	}
-	send.Conn = c
+	n, c, recv := bulkStream(t, 5, tcp.Options{}, tcp.Options{ReceiveBuffer: window}, link(), link())
 	n.RunFor(200 * time.Millisecond)
 	w := c.Window()
 	if recv.Corrupt != nil || c.Stats.Retransmits != 0 {
@@ -187,4 +176,23 @@ func TestPRRSpreadsTheReduction(t *testing.T) {
 	if len(sends) < 20 || early < len(sends)/5 {
 		t.Fatalf("in recovery %d segments sent, %d in the first third", len(sends), early)
 	}
+}
+
+// bulkStream connects A to B over links ab and ba, A sending its pattern
+// for ever and B checking it; the clock has not moved yet.
+func bulkStream(tb testing.TB, seed uint64, oa, ob tcp.Options, ab, ba *sim.Link) (*sim.Network, *tcp.Conn, *sim.Endpoint) {
+	tb.Helper()
+	sa, sb := newStack(tb, oa), newStack(tb, ob)
+	n := sim.New(seed, sa, sb, ab, ba)
+	recv := &sim.Endpoint{Seed: 2, PeerSeed: 1}
+	send := &sim.Endpoint{Seed: 1, PeerSeed: 2, Total: 1 << 40}
+	if _, err := sb.Listen(netip.Addr{}, port, recv); err != nil {
+		tb.Fatal(err)
+	}
+	c, err := sa.Connect(n.Now, n.A.Addr, 0, netip.AddrPortFrom(n.B.Addr, port), send)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	send.Conn = c
+	return n, c, recv
 }

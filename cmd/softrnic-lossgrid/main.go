@@ -11,16 +11,15 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"os"
 	"strings"
 	"time"
 
 	"github.com/softrnic/softrnic/internal/lossgrid"
+	"github.com/softrnic/softrnic/internal/results"
 	"github.com/softrnic/softrnic/internal/topology"
 )
 
@@ -37,7 +36,7 @@ func run() error {
 	points := flag.String("points", "", "comma-separated point names to run (default: the whole grid)")
 	pairs := flag.String("pairs", "", "comma-separated pairs (linux→linux, engine→linux, linux→engine, engine→engine; -> works for →)")
 	jsonOut := flag.String("json", "", "write the results to this file")
-	results := flag.String("results", "", "add the results under \"lossgrid\" to this results.json")
+	resultsOut := flag.String("results", "", "add the results under \"lossgrid\" to this results.json")
 	linuxCC := flag.String("linux-cc", "cubic", "congestion control of the Linux sides (cubic is the engine's)")
 	flag.Parse()
 	o := lossgrid.Options{Duration: time.Duration(*seconds * float64(time.Second)), Seed: *seed, Progress: os.Stdout, LinuxCC: *linuxCC}
@@ -84,41 +83,12 @@ func run() error {
 	lossgrid.Print(os.Stdout, rs)
 	doc := map[string]any{"seconds": *seconds, "seed": *seed, "linux_cc": *linuxCC, "results": rs, "targets": lossgrid.Verdicts(rs)}
 	if *jsonOut != "" {
-		b, err := json.MarshalIndent(doc, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+		if err := results.Write(*jsonOut, doc); err != nil {
 			return err
 		}
 	}
-	if *results != "" {
-		return merge(*results, doc)
+	if *resultsOut != "" {
+		return results.Merge(*resultsOut, "lossgrid", doc)
 	}
 	return nil
-}
-
-// merge sets "lossgrid" in the JSON object at path, keeping the rest.
-func merge(path string, v any) error {
-	doc := map[string]json.RawMessage{}
-	b, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return err
-	default:
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	raw, err := json.Marshal(v)
-	if err != nil {
-		return err
-	}
-	doc["lossgrid"] = raw
-	out, err := json.MarshalIndent(doc, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(out, '\n'), 0o644)
 }

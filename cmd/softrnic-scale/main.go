@@ -20,11 +20,9 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
-	"io/fs"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -33,6 +31,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/softrnic/softrnic/internal/results"
 	"github.com/softrnic/softrnic/internal/scale"
 	"github.com/softrnic/softrnic/internal/topology"
 )
@@ -141,45 +140,14 @@ func run(f flags) error {
 		out[r.Datapath] = r
 	}
 	if f.json != "" {
-		if err := writeJSON(f.json, out); err != nil {
+		if err := results.Write(f.json, out); err != nil {
 			return err
 		}
 	}
 	if f.results != "" {
-		return mergeResults(f.results, out)
+		return results.Merge(f.results, "scale", out)
 	}
 	return nil
-}
-
-// writeJSON writes v to path.
-func writeJSON(path string, v any) error {
-	b, err := json.MarshalIndent(v, "", "  ")
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, append(b, '\n'), 0o644)
-}
-
-// mergeResults sets "scale" in the JSON object at path, keeping what else
-// it holds; a missing file is created.
-func mergeResults(path string, scaleOut any) error {
-	doc := map[string]json.RawMessage{}
-	b, err := os.ReadFile(path)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-	case err != nil:
-		return err
-	default:
-		if err := json.Unmarshal(b, &doc); err != nil {
-			return fmt.Errorf("%s: %w", path, err)
-		}
-	}
-	s, err := json.Marshal(scaleOut)
-	if err != nil {
-		return err
-	}
-	doc["scale"] = s
-	return writeJSON(path, doc)
 }
 
 // clientMain is a client process (internal/scale's client side).

@@ -16,7 +16,6 @@ package lossgrid
 
 import (
 	"bufio"
-	"context"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -261,7 +260,7 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 	var ln *net.TCPListener
 	if pr.Receiver == Linux {
 		var err error
-		if ln, err = listenCC(br.B, dst, o.LinuxCC); err != nil {
+		if ln, err = br.B.ListenTCPWith(dst, withCC(o.LinuxCC)); err != nil {
 			res.Err = err.Error()
 			return res
 		}
@@ -301,7 +300,7 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 			res.Err = err.Error()
 			return res
 		}
-		c, err := dialCC(br.A, dst, o.LinuxCC)
+		c, err := br.A.DialTCPWith(dst, 5*time.Second, withCC(o.LinuxCC))
 		if err != nil {
 			res.Err = "connect: " + err.Error()
 			return res
@@ -605,32 +604,4 @@ func withCC(cc string) func(network, address string, rc syscall.RawConn) error {
 		}
 		return nil
 	}
-}
-
-// dialCC connects from h's namespace with congestion control cc.
-func dialCC(h topology.Host, dst netip.AddrPort, cc string) (*net.TCPConn, error) {
-	var c *net.TCPConn
-	err := h.Do(func() error {
-		d := net.Dialer{Timeout: 5 * time.Second, Control: withCC(cc)}
-		conn, err := d.Dial("tcp4", dst.String())
-		if err == nil {
-			c = conn.(*net.TCPConn)
-		}
-		return err
-	})
-	return c, err
-}
-
-// listenCC listens in h's namespace; accepted sockets inherit cc.
-func listenCC(h topology.Host, addr netip.AddrPort, cc string) (*net.TCPListener, error) {
-	var ln *net.TCPListener
-	err := h.Do(func() error {
-		lc := net.ListenConfig{Control: withCC(cc)}
-		l, err := lc.Listen(context.Background(), "tcp4", addr.String())
-		if err == nil {
-			ln = l.(*net.TCPListener)
-		}
-		return err
-	})
-	return ln, err
 }

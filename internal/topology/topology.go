@@ -11,6 +11,7 @@ package topology
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -231,9 +232,17 @@ func (h Host) Interface() (*net.Interface, error) {
 // The listener is IPv4 only ("tcp4"): addr must be an IPv4 address or the
 // unspecified one.
 func (h Host) ListenTCP(addr netip.AddrPort) (*net.TCPListener, error) {
+	return h.ListenTCPWith(addr, nil)
+}
+
+// ListenTCPWith is ListenTCP with control run on the socket before it
+// binds (socket options: SO_RCVBUF, TCP_CONGESTION; see
+// net.ListenConfig.Control). Accepted sockets inherit what it set.
+func (h Host) ListenTCPWith(addr netip.AddrPort, control func(network, address string, c syscall.RawConn) error) (*net.TCPListener, error) {
 	var ln *net.TCPListener
 	err := h.Do(func() error {
-		l, err := net.Listen("tcp4", addr.String())
+		lc := net.ListenConfig{Control: control}
+		l, err := lc.Listen(context.Background(), "tcp4", addr.String())
 		if err == nil {
 			ln = l.(*net.TCPListener)
 		}
@@ -245,9 +254,16 @@ func (h Host) ListenTCP(addr netip.AddrPort) (*net.TCPListener, error) {
 // DialTCP connects from the host's namespace to addr with the kernel's TCP,
 // over IPv4 ("tcp4"): addr must be an IPv4 address.
 func (h Host) DialTCP(addr netip.AddrPort, timeout time.Duration) (*net.TCPConn, error) {
+	return h.DialTCPWith(addr, timeout, nil)
+}
+
+// DialTCPWith is DialTCP with control run on the socket before it
+// connects (see net.Dialer.Control).
+func (h Host) DialTCPWith(addr netip.AddrPort, timeout time.Duration, control func(network, address string, c syscall.RawConn) error) (*net.TCPConn, error) {
 	var c *net.TCPConn
 	err := h.Do(func() error {
-		conn, err := net.DialTimeout("tcp4", addr.String(), timeout)
+		d := net.Dialer{Timeout: timeout, Control: control}
+		conn, err := d.Dial("tcp4", addr.String())
 		if err == nil {
 			c = conn.(*net.TCPConn)
 		}
