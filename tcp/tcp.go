@@ -26,7 +26,8 @@
 // TIME-WAIT), RFC 5961 (challenge ACKs, RST and SYN checks, ACK validation),
 // RFC 6528 initial sequence numbers, SYN cookies when the SYN queue is full,
 // RFC 7323 window scaling and timestamps (RTTM, PAWS), RFC 2018 SACK with
-// RFC 6675 loss recovery, RFC 6298 retransmission timer, RFC 5681 fast
+// RACK-TLP loss detection (RFC 8985, rack.go) and RFC 6675 loss recovery,
+// PRR (RFC 6937, prr.go), RFC 6298 retransmission timer, RFC 5681 fast
 // retransmit, delayed ACKs with a quick-ACK mode, zero-window probing,
 // keepalive, and congestion control behind an interface (NewReno, CUBIC per
 // RFC 9438, CUBIC by default).
