@@ -526,10 +526,8 @@ func (c *Conn) detectLoss(now Time) {
 	if c.inRecovery || c.flight() == 0 || !c.state.synchronized() {
 		return
 	}
-	// With SACK, markLost has marked what RACK or DupThresh finds lost;
-	// counting duplicate ACKs is the fallback until the peer has shown
-	// reordering (RFC 8985 §6.2 step 4).
-	lost := c.rack.lost > 0 || (c.dupAcks >= c.thresh() && !(c.sackOK && c.rack.reoSeen))
+	// With SACK, markLost has marked what RACK or DupThresh finds lost.
+	lost := c.rack.lost > 0 || c.dupAcks >= c.thresh()
 	if !lost || c.beforeRecoveryPoint() {
 		return
 	}

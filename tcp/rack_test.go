@@ -10,59 +10,6 @@ import (
 	"github.com/softrnic/softrnic/tcp/sim"
 )
 
-// A path of 100 µs that holds one segment in a hundred back by 400 µs,
-// and loses none. RACK's first reordering window, a quarter of the
-// minimum RTT, takes each of those for a loss; the D-SACKs of the
-// needless retransmissions widen the window (doubled per round trip, up
-// to 2 ms: past the smoothed RTT, RFC 8985's bound) until a segment held
-// that long is waited for. So the spurious retransmissions stop early:
-// with the window bounded by the RTT they went on to the end.
-func TestRACKReorderingWindowLearnsFromDSACK(t *testing.T) {
-	link := func() *sim.Link {
-		// No rate limit, so no queue: the smoothed RTT stays near
-		// 100 µs, below the 400 µs a segment is held.
-		return &sim.Link{Delay: 50 * time.Microsecond, Reorder: 0.01, ReorderDelay: 400 * time.Microsecond}
-	}
-	ab := link()
-	const total = 64 << 20
-	p := newPair(t, 3, tcp.Options{}, ab, link(), total, 0, true)
-	var maxEnd uint32
-	var first bool
-	var late, early int // retransmissions in the second and first half
-	p.net.Tap = func(h *sim.Host, b []byte) {
-		s := decode(b)
-		if h != p.net.A || s.n == 0 || s.flags&header.TCPFlagSYN != 0 {
-			return
-		}
-		end := s.seq + uint32(s.n)
-		if !first {
-			first, maxEnd = true, s.seq
-		}
-		if int32(s.seq-maxEnd) < 0 {
-			if p.server.Recvd > total/2 {
-				late++
-			} else {
-				early++
-			}
-		}
-		if int32(end-maxEnd) > 0 {
-			maxEnd = end
-		}
-	}
-	if !p.net.Run(time.Minute, func() bool { return p.done(true) }) {
-		t.Fatalf("received %d", p.server.Recvd)
-	}
-	p.check(t, "transfer")
-	st := p.cconn.Stats
-	t.Logf("reordered %d: retransmissions %d in the first half, %d in the second; %+v", ab.Stats.Reordered, early, late, st)
-	if ab.Stats.Reordered < 200 || early == 0 {
-		t.Fatalf("the scenario did not reorder enough to test: %d reordered, %d retransmissions", ab.Stats.Reordered, early)
-	}
-	if late > 2 {
-		t.Fatalf("%d spurious retransmissions in the second half (%d in the first): the window did not learn", late, early)
-	}
-}
-
 // A receiver that gets an out-of-order segment it already holds reports
 // it in a D-SACK (RFC 2883 §4.1.2), as one below RCV.NXT: without it a
 // sender that resent the segment early cannot tell reordering from loss.
