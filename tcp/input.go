@@ -546,7 +546,6 @@ func (c *Conn) enterRecovery(now Time) {
 	c.priorCwnd, c.priorThresh = c.win.Cwnd, c.win.Ssthresh
 	c.prr = prrState{recoverFS: c.flight()}
 	c.cc.OnLoss(now, c.flight())
-	c.rackOnRecovery()
 	c.Stats.FastRetransmits++
 	c.retransmitUna = true
 	c.quickAcks = 0
@@ -598,7 +597,7 @@ func (c *Conn) isDSACK(b span, ack Seq, o *header.TCPOptions) bool {
 // threshold rises so that reordering as deep does not trigger it again.
 func (c *Conn) onDSACK(b span) {
 	c.Stats.DSACKsIn++
-	c.rackOnDSACK()
+	c.rack.reoSeen = true // an original arrived after all
 	if !c.undoValid || !(span{c.undoStart, c.undoEnd}).contains(b) {
 		return
 	}

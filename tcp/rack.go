@@ -66,14 +66,8 @@ type rackState struct {
 	fack   Seq
 	minRTT time.Duration
 	// reoSeen: the peer delivered a segment out of order (not a
-	// retransmission) at least once.
+	// retransmission) at least once, or reported a duplicate.
 	reoSeen bool
-	// reoMult scales the reordering window (RFC 8985 §6.2 step 4):
-	// doubled for each round trip with a D-SACK (see rackOnDSACK), back
-	// to 1 after 16 recoveries without one.
-	reoMult, recoveries int
-	dsackRound          Seq
-	dsackRoundValid     bool
 	// lost is the un-SACKed octets of the records marked lost and not
 	// yet sent again: the pipe leaves them out (RFC 6675 §4).
 	lost int
@@ -241,62 +235,33 @@ func (c *Conn) rackDelivered(now Time, r *txrec) {
 }
 
 // reoWnd is the reordering window (RFC 8985 §6.2 step 4): none in
-// recovery or with DupThresh segments SACKed, unless the peer has shown
-// reordering; otherwise a quarter of the minimum RTT per multiple (the
-// multiple doubled per D-SACK round trip, see rackOnDSACK), at most the
-// smoothed RTT, or 2 ms past it once the peer has shown reordering.
+// recovery or with DupThresh segments SACKed, a quarter of the minimum
+// RTT (at most the smoothed RTT) otherwise; but SRTT + 2 ms once the
+// peer has shown reordering (a segment delivered below one delivered
+// before it, or a D-SACK), as long as the probe timer would wait.
 //
-// The RFC's bound assumes reordering shorter than a round trip. On a
+// The RFC's window assumes reordering shorter than a round trip. On a
 // path of tens of microseconds, a segment held back until a few later
 // ones have passed (a parallel path, or tc-netem's reorder) arrives
 // later than that: the loss grid's reorder 25% sent a third of its
-// segments twice with the bound at SRTT (0.06× Linux's goodput). Linux
-// never waits less than a timer tick (1-4 ms) for its reordering timer,
-// which hides the problem there.
+// segments twice (0.06× Linux's goodput), and two daemons reordering
+// 44% of segments each way fell from 3.6-4.6 to 0.01-0.4 Gbit/s, the
+// window grown per D-SACK round trip as the RFC has it never catching
+// up. Linux never waits less than a timer tick (1-4 ms) for its
+// reordering timer, which hides the problem there.
 func (c *Conn) reoWnd() time.Duration {
-	if !c.rack.reoSeen && (c.inRecovery || c.sb.sacked >= c.thresh()*c.mss) {
+	switch {
+	case c.rack.reoSeen:
+		return c.srtt + reoWndReordering
+	case c.inRecovery || c.sb.sacked >= c.thresh()*c.mss:
 		return 0
 	}
-	w, limit := time.Duration(max(c.rack.reoMult, 1))*c.rack.minRTT/4, c.srtt
-	if c.rack.reoSeen {
-		// A path shown to reorder waits as long as the probe timer
-		// would (2·SRTT + 2 ms from the send) before it calls a hole
-		// lost by time. With RFC 8985's window (a quarter of the
-		// minimum RTT, grown per D-SACK round trip), two daemons
-		// reordering 44% of segments each way fell from 3.6-4.6 to
-		// 0.01-0.4 Gbit/s: held segments there outlast any window
-		// the round trip can teach.
-		return max(min(w, limit), c.srtt+reoWndReordering)
-	}
-	return min(w, limit)
+	return min(c.rack.minRTT/4, c.srtt)
 }
 
-// reoWndReordering bounds the reordering window of a path whose D-SACKs
-// showed it reorders (see reoWnd).
+// reoWndReordering is what the reordering window adds to SRTT on a path
+// shown to reorder (see reoWnd).
 const reoWndReordering = 2 * time.Millisecond
-
-// rackOnDSACK widens the reordering window for a duplicate the peer
-// reported, once per round trip: doubling it, where the RFC adds one
-// quarter of the minimum RTT (on a short path that takes hundreds of
-// round trips, each with a spurious retransmission, to reach a
-// reordering that lasts a millisecond).
-func (c *Conn) rackOnDSACK() {
-	if c.rack.dsackRoundValid && c.sndUna.LessThan(c.rack.dsackRound) {
-		return
-	}
-	c.rack.reoSeen = true // the original arrived after all
-	c.rack.reoMult = min(max(c.rack.reoMult, 1)*2, 1<<16)
-	c.rack.dsackRound, c.rack.dsackRoundValid = c.sndMax, true
-	c.rack.recoveries = 0
-}
-
-// rackOnRecovery counts a recovery for the window's decay.
-func (c *Conn) rackOnRecovery() {
-	c.rack.recoveries++
-	if c.rack.recoveries >= 16 {
-		c.rack.reoMult, c.rack.recoveries = 1, 0
-	}
-}
 
 // markLost marks the records in the holes below the highest SACKed octet
 // that RACK (or, failing it, DupThresh) finds lost, and arms the
