@@ -186,6 +186,26 @@ type stream struct {
 	recvr   *endpoint // engine receiver
 }
 
+// keep records a kernel connection for the run's end to reset; one that
+// comes after the end (an accept late on a failed run) is reset now, so
+// that no goroutine is left reading it.
+func (s *stream) keep(c *net.TCPConn) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop.Load() {
+		abort(c)
+		return false
+	}
+	s.conns = append(s.conns, c)
+	return true
+}
+
+// abort resets c (SO_LINGER 0): the run is over, whatever is queued.
+func abort(c *net.TCPConn) {
+	_ = c.SetLinger(0)
+	_ = c.Close()
+}
+
 func (s *stream) fail(err error) {
 	s.mu.Lock()
 	s.errs = append(s.errs, err)
@@ -239,10 +259,11 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 	st := &stream{}
 	defer func() {
 		st.stop.Store(true)
+		st.mu.Lock()
 		for _, c := range st.conns {
-			_ = c.SetLinger(0)
-			_ = c.Close()
+			abort(c)
 		}
+		st.mu.Unlock()
 		p.do(func(tcp.Time) {
 			for _, e := range []*endpoint{st.sender, st.recvr} {
 				if e != nil && e.conn != nil {
@@ -275,9 +296,9 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 				}
 				return
 			}
-			st.mu.Lock()
-			st.conns = append(st.conns, c)
-			st.mu.Unlock()
+			if !st.keep(c) {
+				return
+			}
 			receiveKernel(st, c)
 		}()
 	} else {
@@ -305,9 +326,10 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 			res.Err = "connect: " + err.Error()
 			return res
 		}
-		st.mu.Lock()
-		st.conns = append(st.conns, c)
-		st.mu.Unlock()
+		if !st.keep(c) {
+			res.Err = "stopped while connecting"
+			return res
+		}
 		st.wg.Add(1)
 		go func() {
 			defer st.wg.Done()
