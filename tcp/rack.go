@@ -24,8 +24,6 @@ type txrec struct {
 	lostN      int  // its un-SACKed octets when marked lost
 }
 
-func (r *txrec) len() int { return r.end.Sub(r.start) }
-
 // txlog is the records of the octets in flight, [SND.UNA, SND.MAX) in
 // order, without gaps. It is kept for SACK connections only.
 type txlog struct {

@@ -224,7 +224,6 @@ func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx u
 		rd:       rd,
 		start:    time.Now(),
 		stages:   [2]*impair.Stage{impair.New(cfgAB), impair.New(cfgBA)},
-		addrs:    [2]netip.Addr{br.AddrA, br.AddrB},
 		port:     port,
 		calls:    make(chan func(tcp.Time)),
 		stop:     make(chan struct{}),

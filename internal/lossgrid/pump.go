@@ -2,7 +2,6 @@ package lossgrid
 
 import (
 	"errors"
-	"net/netip"
 	"os"
 	"time"
 
@@ -81,7 +80,6 @@ type pump struct {
 	start  time.Time
 	stages [2]*impair.Stage // by the side a packet leaves: [A] is A→B
 	stacks [2]*tcp.Stack    // nil for a kernel side
-	addrs  [2]netip.Addr
 	// port is B's listening port: the run's data direction is A → this
 	// port, and only it is tapped.
 	port     uint16
