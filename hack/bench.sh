@@ -14,7 +14,8 @@
 # its figures under "scale" in bench/results.json. SCALE_N=0 skips it.
 #
 # Before it, issue 18's TCP loss grid (softrnic-lossgrid), under
-# "lossgrid" in results.json. LOSSGRID=0 skips it.
+# "lossgrid" in results.json, LOSSGRID_ROUNDS (default 3) rounds whose
+# medians the targets are read from. LOSSGRID=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=$PATH:/usr/local/go/bin
@@ -55,7 +56,7 @@ fi
 # impaired link, LOSSGRID_SECONDS (default 3) per stream; LOSSGRID=0 skips.
 if [ "${LOSSGRID:-1}" != 0 ]; then
 	go build -o "$bin/" ./cmd/softrnic-lossgrid
-	"$bin/softrnic-lossgrid" --seconds "${LOSSGRID_SECONDS:-3}" --results bench/results.json
+	"$bin/softrnic-lossgrid" --seconds "${LOSSGRID_SECONDS:-3}" --rounds "${LOSSGRID_ROUNDS:-3}" --results bench/results.json
 fi
 
 # Scale: after softrnic-bench, which writes bench/results.json anew, so

@@ -84,8 +84,13 @@ func Grid() []Point {
 type Options struct {
 	// Duration of each stream, from its handshake (default 3 s).
 	Duration time.Duration
-	// Seed keys the impairments: the same for every pairing of a point.
+	// Seed keys the impairments: the same for every pairing of a point
+	// in a round; round r is keyed by Seed + r.
 	Seed uint64
+	// Rounds is how many times the whole grid runs (default 1); the
+	// targets are read from the median of each point's rounds, since
+	// one 3 s stream on a busy 2-core machine can land well or badly.
+	Rounds int
 	// Points and Pairs to run (default Grid() and Pairs).
 	Points []Point
 	Pairs  []Pair
@@ -117,9 +122,12 @@ type LinkStats struct {
 // Result is one stream.
 type Result struct {
 	Point, Impair, Pair string
-	Seconds             float64
-	Octets              uint64
-	Mbps                float64
+	// Round (from 0) and the Seed its impairments were keyed by.
+	Round   int
+	Seed    uint64
+	Seconds float64
+	Octets  uint64
+	Mbps    float64
 	// Verified: every octet the receiver got was the sender's, in order.
 	Verified bool
 	Err      string `json:",omitempty"`
@@ -144,20 +152,23 @@ func Run(br *topology.TunBridge, o Options) ([]Result, error) {
 	if o.LinuxCC == "" {
 		o.LinuxCC = "cubic"
 	}
+	o.Rounds = max(o.Rounds, 1)
 	rd := startReaders(br)
 	defer close(rd.done)
 	var out []Result
 	port := uint16(5000)
-	for pi, pt := range o.Points {
-		for _, pr := range o.Pairs {
-			port++
-			r := runOne(br, rd, o, pt, uint64(pi), pr, port)
-			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "%-16s %-14s %8.1f Mbit/s  rtx %5d (spurious %4d)  RTOs %2d (%.2f s)  link loss %.2f%%  %s\n",
-					pt.Name, pr, r.Mbps, r.Wire.Retransmits, r.Wire.Spurious, r.Wire.RTOs, r.Wire.RTOSeconds,
-					100*r.Link.DataLoss, verdict(r))
+	for round := range o.Rounds {
+		for pi, pt := range o.Points {
+			for _, pr := range o.Pairs {
+				port++
+				r := runOne(br, rd, o, round, pt, uint64(pi), pr, port)
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "round %d %-16s %-14s %8.1f Mbit/s  rtx %5d (spurious %4d)  RTOs %2d (%.2f s)  link loss %.2f%%  %s\n",
+						round, pt.Name, pr, r.Mbps, r.Wire.Retransmits, r.Wire.Spurious, r.Wire.RTOs, r.Wire.RTOSeconds,
+						100*r.Link.DataLoss, verdict(r))
+				}
+				out = append(out, r)
 			}
-			out = append(out, r)
 		}
 	}
 	return out, nil
@@ -214,11 +225,12 @@ func (s *stream) fail(err error) {
 
 const seedA = 0x5eed
 
-func runOne(br *topology.TunBridge, rd *readers, o Options, pt Point, pointIdx uint64, pr Pair, port uint16) (res Result) {
-	res = Result{Point: pt.Name, Impair: pt.Impair.String(), Pair: pr.String()}
+func runOne(br *topology.TunBridge, rd *readers, o Options, round int, pt Point, pointIdx uint64, pr Pair, port uint16) (res Result) {
+	seed := o.Seed + uint64(round)
+	res = Result{Point: pt.Name, Impair: pt.Impair.String(), Pair: pr.String(), Round: round, Seed: seed}
 	cfgAB, cfgBA := pt.Impair, pt.Impair
-	cfgAB.Seed = o.Seed*1000 + pointIdx*2 + 1
-	cfgBA.Seed = o.Seed*1000 + pointIdx*2 + 2
+	cfgAB.Seed = seed*1000 + pointIdx*2 + 1
+	cfgBA.Seed = seed*1000 + pointIdx*2 + 2
 	p := &pump{
 		devs:     [2]*tun.Device{br.DevA, br.DevB},
 		rd:       rd,
