@@ -51,8 +51,12 @@ type Conn struct {
 	wsOK, tsOK, sackOK bool
 	tsRecent           uint32
 	tsRecentAt         Time
-	tsOffset           uint32
-	lastAckSent        Seq
+	// tsRecentUnset: an imported connection has no TS.Recent (the
+	// kernel does not give it): PAWS waits for the first acceptable
+	// segment to set it.
+	tsRecentUnset bool
+	tsOffset      uint32
+	lastAckSent   Seq
 
 	// RFC 6298 state.
 	srtt, rttvar, rto time.Duration

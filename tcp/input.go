@@ -52,7 +52,7 @@ func (c *Conn) input(now Time, seg *Segment) {
 	// Linux's tcp_disordered_ack does: ACKs reordered among themselves
 	// are common and harmless (the window update rule discards stale
 	// windows).
-	if c.tsOK && seg.Opts.HasTimestamp && !rst && int32(seg.Opts.TSVal-c.tsRecent) < 0 &&
+	if c.tsOK && seg.Opts.HasTimestamp && !rst && !c.tsRecentUnset && int32(seg.Opts.TSVal-c.tsRecent) < 0 &&
 		now.Sub(c.tsRecentAt) < pawsIdle && !c.disorderedAck(seg) {
 		c.Stats.PAWSDrops++
 		c.sendAck()
@@ -393,10 +393,10 @@ func (c *Conn) processAck(now Time, seg *Segment) {
 			}
 		}
 	}
-	if c.tsOK && seg.Opts.HasTimestamp && int32(seg.Opts.TSVal-c.tsRecent) >= 0 && seg.Seq.LessEq(c.lastAckSent) {
+	if c.tsOK && seg.Opts.HasTimestamp && (c.tsRecentUnset || int32(seg.Opts.TSVal-c.tsRecent) >= 0) && seg.Seq.LessEq(c.lastAckSent) {
 		// RFC 7323 §4.3: TS.Recent from the segment that covers the
 		// last ACK sent.
-		c.tsRecent, c.tsRecentAt = seg.Opts.TSVal, now
+		c.tsRecent, c.tsRecentAt, c.tsRecentUnset = seg.Opts.TSVal, now, false
 	}
 
 	acked := ack.Sub(c.sndUna)

@@ -56,8 +56,12 @@ type LinkStats struct {
 type Host struct {
 	Stack *tcp.Stack
 	Addr  netip.Addr
-	out   *Link
-	peer  *Host
+	// Unplugged: packets that reach the host are lost (counted in the
+	// link's Lost), as while a connection is handed from one stack to
+	// another.
+	Unplugged bool
+	out       *Link
+	peer      *Host
 }
 
 // Network is two hosts joined by two links.
@@ -211,6 +215,10 @@ func (n *Network) Step() bool {
 	}
 	for len(n.flight) > 0 && n.flight[0].at <= n.Now {
 		p := heap.Pop(&n.flight).(*packet)
+		if p.to.Unplugged {
+			n.linkTo(p.to).Stats.Lost++
+			continue
+		}
 		n.linkTo(p.to).Stats.Delivered++
 		p.to.Stack.Input(n.Now, p.src, p.dst, p.b)
 	}
