@@ -126,11 +126,15 @@ const (
 	Disconnected          ConnEvent = ConnEvent(ctl.EvDisconnected)
 	Broken                ConnEvent = ConnEvent(ctl.EvBroken)
 	AcceptCompletionError ConnEvent = ConnEvent(ctl.EvAcceptCompletionError)
+	// SocketDown: a Socket Service Point's socket was not connected or
+	// its connection ended before the peer's request (Event.SSP says
+	// which; DAT_IW's DAT_CONNECTION_EVENT_SOCKET_DOWN).
+	SocketDown ConnEvent = ConnEvent(ctl.EvSocketDown)
 )
 
 func (c ConnEvent) String() string {
 	names := [...]string{"", "ESTABLISHED", "PEER_REJECTED", "NON_PEER_REJECTED", "UNREACHABLE", "TIMED_OUT",
-		"DISCONNECTED", "BROKEN", "ACCEPT_COMPLETION_ERROR"}
+		"DISCONNECTED", "BROKEN", "ACCEPT_COMPLETION_ERROR", "SOCKET_DOWN"}
 	if int(c) < len(names) && c > 0 {
 		return names[c]
 	}
@@ -158,6 +162,9 @@ type Event struct {
 	Conn ConnEvent
 	// Connection requests.
 	CR *CR
+	// SSP is the handle of the Socket Service Point of a SocketDown
+	// event (SSP.Handle).
+	SSP uint32
 }
 
 // Dequeue returns the next event, or false when none is waiting.
@@ -198,6 +205,9 @@ func (e *EVD) dequeue() (Event, bool, error) {
 	}
 	if ev.Type == ConnectionRequest {
 		ev.CR = &CR{ia: e.ia, h: v.Handle, EP: ev.EP}
+	}
+	if ev.Type == ConnectionEvent && ev.Conn == SocketDown {
+		ev.SSP = v.Handle
 	}
 	return ev, true, nil
 }

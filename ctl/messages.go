@@ -36,12 +36,17 @@ const (
 	OpAcceptCR
 	OpRejectCR
 	OpStats
+	OpCreateSSP
+	OpFreeSSP
+	OpQuerySSP
+	OpSocketConnect
 	opEnd
 )
 
 var opNames = [...]string{"", "Hello", "QueryIA", "CreatePZ", "FreePZ", "RegisterLMR", "FreeLMR", "CreateEVD", "FreeEVD",
 	"CreateEP", "ModifyEP", "QueryEP", "FreeEP", "Connect", "Disconnect", "ResetEP", "CreatePSP", "FreePSP", "CreateRSP",
-	"QueryCR", "AcceptCR", "RejectCR", "Stats"}
+	"QueryCR", "AcceptCR", "RejectCR", "Stats",
+	"CreateSSP", "FreeSSP", "QuerySSP", "SocketConnect"}
 
 func (o Op) String() string {
 	if o > 0 && o < opEnd {
@@ -282,6 +287,41 @@ type CreateRSP struct {
 	EVD  uint32
 }
 
+// CreateSSP makes a Socket Service Point (seed 000) of the connected TCP
+// socket passed with the request: the daemon sends FinalMessage on it,
+// then waits for the peer's MPA Request, which becomes a connection
+// request on EVD (a CR EVD) for EP (reserved; 0: one the provider makes).
+// The socket is the daemon's from here; FreeSSP may give it back.
+type CreateSSP struct {
+	EP           uint32
+	EVD          uint32
+	FinalMessage []byte
+}
+
+// FreeSSPReply says whether the socket came back with the reply: it does
+// while the SSP still held it untouched (no connection request yet).
+type FreeSSPReply struct{ Returned bool }
+
+// SSPInfo is what QuerySSP returns.
+type SSPInfo struct {
+	EP, EVD uint32
+	// Operational until the SSP made its request or its socket went
+	// down (DAT_IW_SSP_STATE_OPERATIONAL / NON_OPERATIONAL).
+	Operational           bool
+	LocalAddr, RemoteAddr string
+}
+
+// SocketConnect connects EP over the connected TCP socket passed with the
+// request (seed 000's dat_iw_socket_connect): the MPA Request goes on it
+// once its streaming octets were acknowledged. The outcome is an event,
+// as Connect's. The socket is the daemon's from here; a failure resets
+// it.
+type SocketConnect struct {
+	EP          uint32
+	PrivateData []byte
+	TimeoutUS   uint64
+}
+
 // CRInfo is what QueryCR returns.
 type CRInfo struct {
 	PrivateData []byte
@@ -354,4 +394,8 @@ const (
 	EvDisconnected
 	EvBroken
 	EvAcceptCompletionError
+	// EvSocketDown: a Socket Service Point's socket was not connected,
+	// or its connection ended, before the peer's request (on the SSP's
+	// EVD, the SSP's handle in the event's Handle).
+	EvSocketDown
 )

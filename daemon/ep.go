@@ -83,7 +83,8 @@ type cr struct {
 	h   uint32
 	req *rnic.ConnRequest
 	psp *psp
-	ep  *ep // provider-created or the RSP's EP
+	ssp *ssp // or the SSP that made it
+	ep  *ep  // provider-created, or the RSP's or SSP's EP
 }
 
 // pendingEvent is something for the poller to apply under s.mu: an
@@ -95,6 +96,9 @@ type pendingEvent struct {
 	connectErr error
 	psp        *psp
 	req        *rnic.ConnRequest
+	// ssp: the SSP's outcome, req or sspErr.
+	ssp    *ssp
+	sspErr error
 }
 
 func (s *session) queue(pe pendingEvent) {
@@ -688,6 +692,12 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 	// Receives the client posted before accepting must be in the QP
 	// before the peer's first Send can arrive: iWARP has no RNR retry.
 	s.drainRQ(target)
+	if c.ssp != nil && q.PostedRecvs() == 0 {
+		// Seed 004: the switch of a live connection needs one.
+		target.setState(entry)
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "post a receive before switching the socket to RDMA")
+	}
 	s.mu.Unlock()
 	if err := c.req.Accept(q, req.PrivateData); err != nil {
 		s.mu.Lock()
@@ -710,7 +720,7 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 	}
 	s.forget(c.h)
 	if c.ep != nil {
-		if c.psp.rsp != nil {
+		if (c.psp != nil && c.psp.rsp != nil) || (c.ssp != nil && c.ssp.ep != nil) {
 			c.ep.setState(ctl.EPUnconnected)
 		} else {
 			s.dropEP(c.ep) // the provider's EP goes with its request

@@ -144,6 +144,8 @@ func (s *session) violation(what string, err error) {
 // apply carries out a pending event; s.mu held.
 func (s *session) apply(pe *pendingEvent) {
 	switch {
+	case pe.ssp != nil:
+		s.applySSP(pe.ssp, pe.req, pe.sspErr)
 	case pe.req != nil:
 		s.applyRequest(pe.psp, pe.req)
 	case pe.connectErr != nil:

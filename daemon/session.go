@@ -210,28 +210,32 @@ type handler func(s *session, op ctl.Op, body []byte, fds []*os.File) (any, []*o
 // handlers is indexed by ctl.Op; an op past its end or without an entry
 // is answered NotImplemented.
 var handlers = [...]handler{
-	ctl.OpHello:       reply((*session).hello),
-	ctl.OpQueryIA:     noBody((*session).queryIA),
-	ctl.OpCreatePZ:    noBody((*session).createPZ),
-	ctl.OpFreePZ:      onHandle((*session).freePZ),
-	ctl.OpRegisterLMR: decoded((*session).registerLMR),
-	ctl.OpFreeLMR:     onHandle((*session).freeLMR),
-	ctl.OpCreateEVD:   reply((*session).createEVD),
-	ctl.OpFreeEVD:     onHandle((*session).freeEVD),
-	ctl.OpCreateEP:    reply(func(s *session, req *ctl.CreateEP) (any, []*os.File, error) { return s.createEP(&req.Attr, nil) }),
-	ctl.OpModifyEP:    reply((*session).modifyEP),
-	ctl.OpQueryEP:     queryHandle((*session).queryEP),
-	ctl.OpFreeEP:      onHandle((*session).freeEP),
-	ctl.OpConnect:     act((*session).connect),
-	ctl.OpDisconnect:  act((*session).disconnect),
-	ctl.OpResetEP:     onHandle((*session).resetEP),
-	ctl.OpCreatePSP:   reply((*session).createPSP),
-	ctl.OpFreePSP:     onHandle((*session).freePSP),
-	ctl.OpCreateRSP:   reply((*session).createRSP),
-	ctl.OpQueryCR:     queryHandle((*session).queryCR),
-	ctl.OpAcceptCR:    act((*session).acceptCR),
-	ctl.OpRejectCR:    act((*session).rejectCR),
-	ctl.OpStats:       noBody((*session).stats),
+	ctl.OpHello:         reply((*session).hello),
+	ctl.OpQueryIA:       noBody((*session).queryIA),
+	ctl.OpCreatePZ:      noBody((*session).createPZ),
+	ctl.OpFreePZ:        onHandle((*session).freePZ),
+	ctl.OpRegisterLMR:   decoded((*session).registerLMR),
+	ctl.OpFreeLMR:       onHandle((*session).freeLMR),
+	ctl.OpCreateEVD:     reply((*session).createEVD),
+	ctl.OpFreeEVD:       onHandle((*session).freeEVD),
+	ctl.OpCreateEP:      reply(func(s *session, req *ctl.CreateEP) (any, []*os.File, error) { return s.createEP(&req.Attr, nil) }),
+	ctl.OpModifyEP:      reply((*session).modifyEP),
+	ctl.OpQueryEP:       queryHandle((*session).queryEP),
+	ctl.OpFreeEP:        onHandle((*session).freeEP),
+	ctl.OpConnect:       act((*session).connect),
+	ctl.OpDisconnect:    act((*session).disconnect),
+	ctl.OpResetEP:       onHandle((*session).resetEP),
+	ctl.OpCreatePSP:     reply((*session).createPSP),
+	ctl.OpFreePSP:       onHandle((*session).freePSP),
+	ctl.OpCreateRSP:     reply((*session).createRSP),
+	ctl.OpQueryCR:       queryHandle((*session).queryCR),
+	ctl.OpAcceptCR:      act((*session).acceptCR),
+	ctl.OpRejectCR:      act((*session).rejectCR),
+	ctl.OpStats:         noBody((*session).stats),
+	ctl.OpCreateSSP:     decoded((*session).createSSP),
+	ctl.OpFreeSSP:       queryHandle((*session).freeSSP),
+	ctl.OpQuerySSP:      queryHandle((*session).querySSP),
+	ctl.OpSocketConnect: decoded((*session).socketConnect),
 }
 
 // handle serves one request by its op's handler.
@@ -735,9 +739,12 @@ func (s *session) close() {
 	s.closing = true
 	var eps []*ep
 	var psps []*psp
+	var ssps []*ssp
 	var crs []*cr
 	for _, o := range s.objects {
 		switch o := o.(type) {
+		case *ssp:
+			ssps = append(ssps, o)
 		case *ep:
 			if o.cancelConnect != nil {
 				o.cancelConnect() // a connect in progress stops at once
@@ -752,6 +759,11 @@ func (s *session) close() {
 	s.mu.Unlock()
 	for _, p := range psps {
 		p.ln.Close()
+	}
+	for _, p := range ssps {
+		if nc := p.sp.Free(); nc != nil {
+			nc.Close() // the client's own copy is its business
+		}
 	}
 	for _, c := range crs {
 		_ = c.req.Reject(nil)

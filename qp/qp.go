@@ -366,6 +366,9 @@ func (q *QP) PostRecv(wr *RecvWR) error {
 	return nil
 }
 
+// PostedRecvs is the number of receives posted and not yet completed.
+func (q *QP) PostedRecvs() int { return q.rq.len() }
+
 // popRecv completes the oldest receive: its holds dropped, the entry back
 // in the pool.
 func (q *QP) popRecv() {

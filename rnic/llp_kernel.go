@@ -632,7 +632,12 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 		}
 		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
 	}
-	tc := nc.(*net.TCPConn)
+	return q.startKernel(ctx, nc.(*net.TCPConn), raddr, cfg)
+}
+
+// startKernel runs MPA startup as the initiator on tc, connected to
+// raddr, and gives the QP the connection; ctx carries the deadline.
+func (q *QP) startKernel(ctx context.Context, tc *net.TCPConn, raddr string, cfg mpa.Config) ([]byte, error) {
 	kc, err := newKernelConn(tc, newMPAConn(q.eng, cfg, true))
 	if err != nil {
 		tc.Close()

@@ -350,6 +350,13 @@ func (q *QP) PostRecv(wr *qp.RecvWR) error {
 	return q.eng.PostRecv(wr)
 }
 
+// PostedRecvs is the number of receives posted and not yet completed.
+func (q *QP) PostedRecvs() int {
+	q.mu.Lock()
+	defer q.unlock()
+	return q.eng.PostedRecvs()
+}
+
 // Disconnect closes the connection: gracefully (outstanding requests finish,
 // then FIN) or abortively (RST, everything flushed).
 func (q *QP) Disconnect(graceful bool) {
