@@ -77,6 +77,8 @@ func (s *Stack) Import(now Time, st Imported, h Handler) (*Conn, error) {
 	case s.conns[st.ID] != nil:
 		return nil, ErrPortInUse
 	}
+	outer := s.enter()
+	defer s.leave(outer)
 	c := s.newConn(now, st.ID, h)
 	c.state = StateEstablished
 

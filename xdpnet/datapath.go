@@ -89,6 +89,12 @@ func (p *Poller) inputFrame(now tcp.Time, pkt []byte, handed bool) {
 	}
 	syn := t.Flags()&(header.TCPFlagSYN|header.TCPFlagACK) == header.TCPFlagSYN
 	id := tcp.FourTuple{LocalAddr: ip.Dst(), RemoteAddr: ip.Src(), LocalPort: t.DstPort(), RemotePort: t.SrcPort()}
+	if len(p.held) > 0 {
+		if h := p.held[id]; h != nil {
+			h.keep(pkt) // a connection being taken over: for Import
+			return
+		}
+	}
 	listened := syn && len(p.listens) > 0 && p.listens[id.LocalPort] != nil
 	// Alone in its Group a poller owns every flow: no lookup, no lock.
 	if g := p.cfg.Group; g != nil && len(p.in) > 0 && !listened && p.stack.Lookup(id) == nil {

@@ -248,20 +248,23 @@ type Poller struct {
 	stopped  chan struct{} // closed when Run returns
 
 	// Owned by the loop.
-	stack          *tcp.Stack
-	start          time.Time
-	rxFree         *xsk.FreeList
-	txFree         *xsk.FreeList
-	inFlight       uint32 // TX frames submitted and not yet completed
-	more           bool   // Output may have more: TX frames or ring ran out
-	ipID           uint16
-	flows          map[tcp.FourTuple]*flow
-	flowsMost      int     // flows' high-water mark (shrink)
-	flowList       []*flow // the flows, in sweep's order
-	sweepAt        int     // where the next sweep starts in flowList
-	ports          *portTable
-	sources        []Source
-	listens        map[uint16]*listen
+	stack     *tcp.Stack
+	start     time.Time
+	rxFree    *xsk.FreeList
+	txFree    *xsk.FreeList
+	inFlight  uint32 // TX frames submitted and not yet completed
+	more      bool   // Output may have more: TX frames or ring ran out
+	ipID      uint16
+	flows     map[tcp.FourTuple]*flow
+	flowsMost int     // flows' high-water mark (shrink)
+	flowList  []*flow // the flows, in sweep's order
+	sweepAt   int     // where the next sweep starts in flowList
+	ports     *portTable
+	sources   []Source
+	listens   map[uint16]*listen
+	// held are the flows being taken over from the kernel (Hold):
+	// steered here, their segments kept until Import.
+	held           map[tcp.FourTuple]*heldFlow
 	lastSweep      tcp.Time
 	warnedChecksum bool
 	// limitWarned is when warnLimit last warned, limitDrops what it
@@ -332,6 +335,7 @@ func NewPoller(cfg Config) (_ *Poller, err error) {
 		stack:    stack,
 		flows:    make(map[tcp.FourTuple]*flow),
 		listens:  make(map[uint16]*listen),
+		held:     make(map[tcp.FourTuple]*heldFlow),
 	}
 	defer func() {
 		if err != nil {

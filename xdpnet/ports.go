@@ -26,6 +26,10 @@ type flow struct {
 	// active: the connection was opened from here, on a local port of
 	// the port table; a passive one's port is its listener's.
 	active bool
+	// reserve is the kernel socket that holds an imported connection's
+	// local port (reserveFD), if one could be bound.
+	reserve   int
+	reserveFD bool
 }
 
 // listen is a port the poller listens on.
@@ -473,5 +477,9 @@ func (p *Poller) removeFlow(f *flow) {
 	}
 	if f.active {
 		p.ports.release(f.id.LocalPort, netip.AddrPortFrom(f.id.RemoteAddr, f.id.RemotePort))
+	}
+	if f.reserveFD {
+		unix.Close(f.reserve)
+		f.reserveFD = false
 	}
 }

@@ -15,7 +15,6 @@
 package lossgrid
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/json"
 	"errors"
@@ -23,10 +22,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -548,15 +544,7 @@ var nstatKeys = []string{
 
 // nstat reads nstatKeys in h's namespace.
 func nstat(h topology.Host) (map[string]uint64, error) {
-	all := map[string]uint64{}
-	err := h.Do(func() error {
-		for _, f := range []string{"/proc/thread-self/net/snmp", "/proc/thread-self/net/netstat"} {
-			if err := readSNMP(f, all); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	all, err := h.Counters()
 	if err != nil {
 		return nil, err
 	}
@@ -565,37 +553,6 @@ func nstat(h topology.Host) (map[string]uint64, error) {
 		out[k] = all[k]
 	}
 	return out, nil
-}
-
-// readSNMP reads a /proc/net/snmp-style file: pairs of lines, names then
-// values, each starting with its group.
-func readSNMP(path string, into map[string]uint64) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	var names []string
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) == 0 {
-			continue
-		}
-		if names == nil || names[0] != fields[0] {
-			names = fields
-			continue
-		}
-		group := strings.TrimSuffix(fields[0], ":")
-		for i := 1; i < len(fields) && i < len(names); i++ {
-			if v, err := strconv.ParseUint(fields[i], 10, 64); err == nil {
-				into[group+":"+names[i]] = v
-			}
-		}
-		names = nil
-	}
-	return sc.Err()
 }
 
 // tunDrops is the packets both TUN devices dropped on transmit (towards
