@@ -11,8 +11,10 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/repair"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/rnic"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // Socket Service Points and SocketConnect (seed 000): a TCP connection
@@ -111,7 +113,7 @@ func (s *session) createSSP(req *ctl.CreateSSP, fds []*os.File) (any, []*os.File
 	if p.sp, err = s.srv.dev.ServeSocket(tc, rnic.SocketPointOptions{FinalMessage: msg}); err != nil {
 		s.forget(p.h)
 		tc.Close()
-		return nil, nil, fail(ctl.InvalidParameter, "%v", err)
+		return nil, nil, socketError(err)
 	}
 	if p.ep != nil {
 		p.ep.setState(ctl.EPReserved)
@@ -234,6 +236,18 @@ func (s *session) querySSP(h uint32) (any, []*os.File, error) {
 	return info, nil, nil
 }
 
+// socketError is the client's error for a socket the device cannot
+// switch: INVALID_STATE when the connection cannot be taken over from the
+// kernel (DAT: "socket does not belong to the Interface Adaptor"), or the
+// daemon may not (TCP_REPAIR needs CAP_NET_ADMIN); INVALID_PARAMETER
+// otherwise.
+func socketError(err error) error {
+	if errors.Is(err, repair.ErrRefused) || errors.Is(err, repair.ErrPermission) || errors.Is(err, xdpnet.ErrNoNeighbour) {
+		return fail(ctl.InvalidState, "%v", err)
+	}
+	return fail(ctl.InvalidParameter, "%v", err)
+}
+
 // socketConnect is Connect over the socket passed with the request.
 func (s *session) socketConnect(req *ctl.SocketConnect, fds []*os.File) (any, []*os.File, error) {
 	s.mu.Lock()
@@ -263,6 +277,13 @@ func (s *session) socketConnect(req *ctl.SocketConnect, fds []*os.File) (any, []
 	if err != nil {
 		s.mu.Unlock()
 		return nil, nil, err
+	}
+	// On the xdp datapath: can the connection be taken over? (A socket
+	// that is not connected fails as an event, NON_PEER_REJECTED.)
+	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
+		s.mu.Unlock()
+		tc.Close()
+		return nil, nil, socketError(err)
 	}
 	// Seed 004: the switch needs a receive posted, or the peer's first
 	// Send would find none and end the connection.

@@ -117,6 +117,9 @@ type Device struct {
 	// warn receives what the device must tell the operator because no
 	// caller hears it (SetWarn; XDPOptions.Warn).
 	warn atomic.Pointer[func(msg string)]
+	// takeovers: the connections taken over from the kernel (ssp.go).
+	takeMu    sync.Mutex
+	takeovers Takeovers
 }
 
 // SetWarn makes f receive the device's warnings for the operator: what

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -12,7 +13,10 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/internal/repair"
 	"github.com/softrnic/softrnic/mpa"
+	"github.com/softrnic/softrnic/tcp"
+	"github.com/softrnic/softrnic/xdpnet"
 )
 
 // Stream → RDMA on a TCP connection the application made (seeds 000 and
@@ -88,8 +92,12 @@ func (d *Device) ServeSocket(nc *net.TCPConn, opts SocketPointOptions) (*SocketP
 	if err != nil {
 		return nil, fmt.Errorf("socket service point: %w: %v", ErrInvalidParam, err)
 	}
-	if d.xdp != nil {
-		return nil, fmt.Errorf("socket service point: %w: not on the xdp datapath yet", ErrInvalidParam)
+	// A socket that is not connected is SOCKET_DOWN at once (seed 000:
+	// the point is made, then goes non-operational), not refused.
+	if connected(rc) == nil {
+		if err := d.CheckSocket(nc); err != nil {
+			return nil, fmt.Errorf("socket service point: %w", err)
+		}
 	}
 	sp := &SocketPoint{dev: d, nc: nc, rc: rc, opts: opts, result: make(chan spResult, 1), ended: make(chan struct{}),
 		l: &Listener{dev: d, opts: ListenOptions{RequestTimeout: opts.RequestTimeout}, done: make(chan struct{})}}
@@ -138,6 +146,9 @@ func (sp *SocketPoint) await() (*ConnRequest, error) {
 	}
 	sp.taken = true
 	sp.mu.Unlock()
+	if sp.dev.xdp != nil {
+		return sp.engineRequest()
+	}
 	return sp.kernelRequest()
 }
 
@@ -266,6 +277,120 @@ func (sp *SocketPoint) kernelRequest() (*ConnRequest, error) {
 	return nil, fmt.Errorf("%w: %v", ErrNotMPA, err)
 }
 
+// engineRequest takes the connection, its Request now whole in the
+// kernel's receive queue, over into the first poller's TCP engine
+// (xdpnet.TakeOver): the Request is among the unread octets the engine
+// gets first, and makes the ConnRequest at once. Accept moves the
+// connection to the QP's poller, as any passive connection.
+func (sp *SocketPoint) engineRequest() (*ConnRequest, error) {
+	p := sp.dev.xdp.pollers[0]
+	id, err := fourTuple(sp.nc)
+	if err != nil {
+		sp.abort()
+		return nil, fmt.Errorf("%w: %v", ErrSocketDown, err)
+	}
+	ec := newEngineConn(p, nil, newMPAConn(nil, mpa.Config{}, false))
+	ec.id = id
+	got := make(chan *ConnRequest, 1)
+	// On the loop, inside TakeOver's Import.
+	ec.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) {
+		cr := &ConnRequest{l: sp.l, ec: ec, PrivateData: clone(f.PrivateData),
+			RemoteAddr: &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)},
+			LocalAddr:  &net.TCPAddr{IP: id.LocalAddr.AsSlice(), Port: int(id.LocalPort)}}
+		ec.req = cr
+		cr.mu.Lock()
+		cr.timer = time.AfterFunc(sp.l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+		cr.mu.Unlock()
+		got <- cr
+	}
+	c, stats, err := p.TakeOver(sp.nc, ec)
+	if err != nil {
+		// Refused after CheckSocket passed (the connection changed
+		// meanwhile), or lost in the handover: a failed switch.
+		sp.abort()
+		return nil, fmt.Errorf("%w: take over: %v", ErrSocketDown, err)
+	}
+	sp.dev.noteTakeover(stats)
+	select {
+	case cr := <-got:
+		return cr, nil
+	default:
+	}
+	// The Request was whole in the kernel's queue: not a Request after
+	// all (the MPA layer ended the connection with its error).
+	_ = p.Do(func(*tcp.Stack, tcp.Time) { c.Abort() })
+	return nil, fmt.Errorf("%w: %v", ErrNotMPA, ec.llp.Err)
+}
+
+// Takeovers count the connections the device took over from the kernel
+// (xdp datapath), with the last one's figures.
+type Takeovers struct {
+	Count uint64
+	Last  xdpnet.TakeoverStats
+}
+
+// Takeovers returns the device's takeovers so far.
+func (d *Device) Takeovers() Takeovers {
+	d.takeMu.Lock()
+	defer d.takeMu.Unlock()
+	return d.takeovers
+}
+
+func (d *Device) noteTakeover(s xdpnet.TakeoverStats) {
+	d.takeMu.Lock()
+	d.takeovers.Count++
+	d.takeovers.Last = s
+	d.takeMu.Unlock()
+}
+
+// fourTuple is a kernel connection's addresses as the engine's.
+func fourTuple(tc *net.TCPConn) (tcp.FourTuple, error) {
+	la, ok1 := tc.LocalAddr().(*net.TCPAddr)
+	ra, ok2 := tc.RemoteAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 || la == nil || ra == nil {
+		return tcp.FourTuple{}, errors.New("no addresses")
+	}
+	l, _ := netip.AddrFromSlice(la.IP.To4())
+	r, _ := netip.AddrFromSlice(ra.IP.To4())
+	return tcp.FourTuple{LocalAddr: l, RemoteAddr: r, LocalPort: uint16(la.Port), RemotePort: uint16(ra.Port)}, nil
+}
+
+// CheckSocket says whether a connection given for stream → RDMA can be
+// switched on this device, before anything is done to it: on the xdp
+// datapath, whether it can be taken over from the kernel (IPv4 TCP,
+// ESTABLISHED, nothing the engine cannot carry, its address the RNIC's,
+// its peer reached through the RNIC's interface, and TCP_REPAIR
+// permitted: repair mode entered and left, without a window probe). The
+// kernel datapath runs on the socket itself and takes any.
+func (d *Device) CheckSocket(tc *net.TCPConn) error {
+	if d.xdp == nil {
+		return nil
+	}
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidParam, err)
+	}
+	if err := connected(rc); err != nil {
+		return fmt.Errorf("%w: %w", repair.ErrNotConnected, err)
+	}
+	id, err := fourTuple(tc)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidParam, err)
+	}
+	if id.LocalAddr != d.xdp.addr {
+		return fmt.Errorf("%w: the connection's address %v is not the RNIC's (%v): its packets do not arrive on its interface",
+			repair.ErrRefused, id.LocalAddr, d.xdp.addr)
+	}
+	s, err := repair.Enter(rc)
+	if err != nil {
+		return err
+	}
+	if err := s.Abandon(); err != nil {
+		return fmt.Errorf("repair: leave repair mode: %w", err)
+	}
+	return d.xdp.pollers[0].Reachable(id.RemoteAddr, time.Second)
+}
+
 // abort resets the connection (SO_LINGER 0): a failed switch.
 func (sp *SocketPoint) abort() {
 	_ = sp.nc.SetLinger(0)
@@ -349,9 +474,6 @@ func (q *QP) SocketConnect(ctx context.Context, tc *net.TCPConn, opts ConnectOpt
 	if _, err := cfg.Request(); err != nil {
 		return fail(fmt.Errorf("socket connect: %w: %v", ErrInvalidParam, err))
 	}
-	if q.dev.xdp != nil {
-		return fail(fmt.Errorf("socket connect: %w: not on the xdp datapath yet", ErrInvalidParam))
-	}
 	if err := connected(rc); err != nil {
 		return fail(fmt.Errorf("socket connect: %w", err))
 	}
@@ -359,7 +481,52 @@ func (q *QP) SocketConnect(ctx context.Context, tc *net.TCPConn, opts ConnectOpt
 	if err := waitSent(ctx, rc); err != nil {
 		return fail(fmt.Errorf("socket connect %s: %w", raddr, err))
 	}
+	if q.dev.xdp != nil {
+		return q.socketConnectEngine(ctx, tc, raddr, cfg, fail)
+	}
 	return q.startKernel(ctx, tc, raddr, cfg)
+}
+
+// socketConnectEngine is SocketConnect on the xdp datapath: the
+// connection is taken over into the QP's poller (xdpnet.TakeOver), whose
+// engine sends the MPA Request at once, as after its own handshake.
+func (q *QP) socketConnectEngine(ctx context.Context, tc *net.TCPConn, raddr string, cfg mpa.Config,
+	fail func(error) ([]byte, error)) ([]byte, error) {
+	id, err := fourTuple(tc)
+	if err != nil {
+		return fail(fmt.Errorf("socket connect: %w: %v", ErrInvalidParam, err))
+	}
+	p := q.Poller()
+	q.mu.Lock()
+	if q.busyLocked() {
+		q.unlock()
+		return fail(ErrState)
+	}
+	ec := q.activeEngineConn(p, cfg)
+	ec.id = id
+	q.unlock()
+	c, stats, err := p.TakeOver(tc, ec)
+	if err != nil {
+		q.letGo(ec)
+		return fail(fmt.Errorf("socket connect %s: take over: %w", raddr, err))
+	}
+	q.dev.noteTakeover(stats)
+	select {
+	case err = <-ec.result:
+	case <-ctx.Done():
+		_ = p.Do(func(*tcp.Stack, tcp.Time) { c.Abort() })
+		err = fmt.Errorf("socket connect %s: %w", raddr, ErrTimedOut)
+	}
+	if err != nil {
+		q.letGo(ec)
+		var rej *RejectedError
+		if errors.As(err, &rej) || errors.Is(err, ErrTimedOut) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("socket connect %s: %w", raddr, err)
+	}
+	time.AfterFunc(nudgeDelay, q.nudgeIfSilent)
+	return clone(ec.llp.Params.PeerPrivateData), nil
 }
 
 // waitSent waits until the peer has acknowledged everything written on

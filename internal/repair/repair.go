@@ -30,6 +30,9 @@ import (
 // the connection is left as it was.
 var ErrRefused = errors.New("repair: connection cannot be taken over")
 
+// ErrNotConnected: the socket has no connection (it wraps ErrRefused).
+var ErrNotConnected = fmt.Errorf("%w: not connected", ErrRefused)
+
 // ErrPermission: TCP_REPAIR needs CAP_NET_ADMIN in the user namespace that
 // owns the socket's network namespace.
 var ErrPermission = errors.New("repair: TCP_REPAIR not permitted (CAP_NET_ADMIN in the socket's network namespace)")
@@ -118,7 +121,11 @@ func Check(rc syscall.RawConn) error {
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrRefused, err)
 		}
-		if in.state != 1 {
+		switch in.state {
+		case 1:
+		case 7: // CLOSE: never connected, or its connection is gone
+			return ErrNotConnected
+		default:
 			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, stateName(in.state))
 		}
 		if in.options&(optECN|optECNSeen) != 0 {
