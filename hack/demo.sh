@@ -2,7 +2,8 @@
 # The README's main command: two hosts (network namespaces joined by veth),
 # a softrnicd in each, and the example application pair between them:
 # connect, Send, RDMA Write (verified by the server), RDMA Read (verified by
-# the client), latency, disconnect. Without root it says so and runs both
+# the client), latency, disconnect; then the same pair again, negotiating
+# over its own TCP connection first and switching that connection to RDMA. Without root it says so and runs both
 # daemons on loopback instead (DEMO_LOOPBACK=1 asks for that as root too).
 # Everything it starts it stops, by PID.
 set -euo pipefail
@@ -71,5 +72,15 @@ spid=$!
 pids+=($spid)
 sleep 0.3
 "${run_a[@]}" timeout 120 "$bin/softrnic-example" client --socket "$sock_a" --server "$server:$port" --size "$SIZE"
+wait "$spid"
+
+echo "== stream → RDMA: the pair talks over its own TCP connection first, then switches that connection to RDMA"
+echo "   (a Socket Service Point on the server, SocketConnect on the client$([ "$DATAPATH" = xdp ] && echo '; each daemon takes the connection over from its kernel'))"
+port=$((port + 1))
+"${run_b[@]}" timeout 120 "$bin/softrnic-example" server --stream --socket "$sock_b" --port "$port" --size "$SIZE" &
+spid=$!
+pids+=($spid)
+sleep 0.3
+"${run_a[@]}" timeout 120 "$bin/softrnic-example" client --stream --socket "$sock_a" --server "$server:$port" --size "$SIZE"
 wait "$spid"
 echo "== demo passed"

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,9 @@ func TestSSPEveryPairing(t *testing.T) {
 			}
 			defer db.kill()
 			sspPairing(t, net0, sockA, sockB, uint16(26000+i))
+			if i == 3 {
+				exampleStream(t, net0, dir, sockA, sockB, 26100)
+			}
 			if t.Failed() {
 				t.Logf("daemon A:\n%s\ndaemon B:\n%s", da.out.String(), db.out.String())
 			}
@@ -231,4 +235,32 @@ func sspPairing(t *testing.T, tp *topology.Pair, sockA, sockB string, port uint1
 	}
 	t.Logf("%s ↔ %s: streamed, switched, every operation verified (%d MiB written and read)",
 		a.ia.Attr().Datapath, b.ia.Attr().Datapath, size>>20)
+}
+
+// exampleStream runs softrnic-example --stream, the demo's second part:
+// the pair negotiates over its own TCP connection, switches it, and moves
+// 16 MiB each way, verified.
+func exampleStream(t *testing.T, tp *topology.Pair, dir, sockA, sockB string, port int) {
+	t.Helper()
+	const size = 16 << 20
+	srv := startServer(t, tp.B.Command("timeout", "60", filepath.Join(dir, "softrnic-example"), "server", "--stream",
+		"--socket", sockB, "--port", fmt.Sprint(port), "--size", fmt.Sprint(size)), "server: listening")
+	cli := tp.A.Command("timeout", "60", filepath.Join(dir, "softrnic-example"), "client", "--stream", "--socket", sockA,
+		"--server", fmt.Sprintf("%s:%d", tp.B.Addr.Addr(), port), "--size", fmt.Sprint(size))
+	out, err := cli.CombinedOutput()
+	if err != nil {
+		t.Fatalf("example client: %v\n%s", err, out)
+	}
+	if err := srv.Wait(); err != nil {
+		t.Fatalf("example server: %v\n%s", err, srv.out.String())
+	}
+	for _, want := range []string{"switching this connection to RDMA", "identical to what was written", "disconnected, done"} {
+		if !bytes.Contains(out, []byte(want)) {
+			t.Errorf("example client did not say %q:\n%s", want, out)
+		}
+	}
+	if !strings.Contains(srv.out.String(), "SHA-256 ok") {
+		t.Errorf("example server did not verify the Write:\n%s", srv.out.String())
+	}
+	t.Logf("example --stream:\n%s", out)
 }

@@ -4,8 +4,13 @@
 // buffer, has the server verify the data, RDMA-Reads it back and checks it,
 // and measures bandwidth and latency.
 //
-//	softrnic-example server --socket PATH --port P
-//	softrnic-example client --socket PATH --server HOST:P [--size BYTES]
+// With --stream both sides first talk over an ordinary TCP connection of
+// their own (the client asks for RDMA, the server agrees), then switch that
+// same connection to RDMA (seed 000's Socket Service Point on the server,
+// SocketConnect on the client) and go on as above.
+//
+//	softrnic-example server --socket PATH --port P [--stream]
+//	softrnic-example client --socket PATH --server HOST:P [--size BYTES] [--stream]
 package main
 
 import (
@@ -17,7 +22,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"os"
 	"slices"
 	"strconv"
@@ -44,14 +51,15 @@ func main() {
 	server := fs.String("server", "", "client: server address host:port")
 	size := fs.Int("size", 64<<20, "bytes to write and read back")
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
+	stream := fs.Bool("stream", false, "negotiate over plain TCP first, then switch that connection to RDMA")
 	_ = fs.Parse(os.Args[2:])
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 	var err error
 	if os.Args[1] == "server" {
-		err = runServer(ctx, *socket, uint16(*port), *size)
+		err = runServer(ctx, *socket, uint16(*port), *size, *stream)
 	} else {
-		err = runClient(ctx, *socket, *server, *size)
+		err = runClient(ctx, *socket, *server, *size, *stream)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnic-example %s: %v\n", os.Args[1], err)
@@ -154,17 +162,80 @@ func (a *app) waitConn(ctx context.Context) (client.ConnEvent, error) {
 	return ev.Conn, err
 }
 
-func runServer(ctx context.Context, socket string, port uint16, size int) error {
+// The streaming negotiation of --stream: one line each way, read octet by
+// octet so that nothing past the line is taken from the socket (what
+// follows is the peer's MPA Request or Reply, which is the daemon's).
+const (
+	askRDMA   = "softrnic-example: RDMA, please\n"
+	agreeRDMA = "softrnic-example: RDMA it is\n"
+)
+
+func readLine(c net.Conn) (string, error) {
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) < 256 {
+		if _, err := io.ReadFull(c, b); err != nil {
+			return "", err
+		}
+		line = append(line, b[0])
+		if b[0] == '\n' {
+			return string(line), nil
+		}
+	}
+	return "", errors.New("line too long")
+}
+
+// streamRequest is the server's --stream start: a TCP listener of its own,
+// the client's question, and the connection made a Socket Service Point
+// whose final streaming message is the answer.
+func (a *app) streamRequest(ctx context.Context, port uint16) (client.Event, error) {
+	ln, err := net.Listen("tcp4", net.JoinHostPort(a.ia.Attr().Address, strconv.Itoa(int(port))))
+	if err != nil {
+		return client.Event{}, err
+	}
+	defer ln.Close()
+	fmt.Printf("server: listening on %s:%d (TCP, RDMA after a negotiation)\n", a.ia.Attr().Address, port)
+	if d, ok := ctx.Deadline(); ok {
+		_ = ln.(*net.TCPListener).SetDeadline(d)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		return client.Event{}, err
+	}
+	q, err := readLine(c)
+	if err != nil || q != askRDMA {
+		c.Close()
+		return client.Event{}, fmt.Errorf("negotiation: %q %v", q, err)
+	}
+	fmt.Printf("server: TCP connection from %s asks: %q\n", c.RemoteAddr(), strings.TrimSpace(q))
+	if _, err := a.ia.CreateSSP(c.(*net.TCPConn), a.ep, a.cr, []byte(agreeRDMA)); err != nil {
+		c.Close()
+		return client.Event{}, err
+	}
+	fmt.Println("server: answered, and made the connection a Socket Service Point")
+	ev, err := a.cr.Wait(ctx)
+	if err == nil && ev.Type != client.ConnectionRequest {
+		err = fmt.Errorf("socket service point: %v", ev.Conn)
+	}
+	return ev, err
+}
+
+func runServer(ctx context.Context, socket string, port uint16, size int, stream bool) error {
 	a, err := setup(ctx, socket, size)
 	if err != nil {
 		return err
 	}
 	defer a.ia.Close()
-	if _, err := a.ia.CreatePSP(port, a.cr, false); err != nil {
-		return err
+	var ev client.Event
+	if stream {
+		ev, err = a.streamRequest(ctx, port)
+	} else {
+		if _, err := a.ia.CreatePSP(port, a.cr, false); err != nil {
+			return err
+		}
+		fmt.Printf("server: listening on %s:%d\n", a.ia.Attr().Address, port)
+		ev, err = a.cr.Wait(ctx)
 	}
-	fmt.Printf("server: listening on %s:%d\n", a.ia.Attr().Address, port)
-	ev, err := a.cr.Wait(ctx)
 	if err != nil {
 		return err
 	}
@@ -221,7 +292,29 @@ func runServer(ctx context.Context, socket string, port uint16, size int) error 
 	}
 }
 
-func runClient(ctx context.Context, socket, server string, size int) error {
+// streamConnect is the client's --stream start: its own TCP connection,
+// the question, the answer, and the switch of that connection to RDMA.
+func (a *app) streamConnect(ctx context.Context, server string) error {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(a.ia.Attr().Address)}}
+	c, err := d.DialContext(ctx, "tcp4", server)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("client: TCP connection %s → %s\n", c.LocalAddr(), c.RemoteAddr())
+	if _, err := c.Write([]byte(askRDMA)); err != nil {
+		c.Close()
+		return err
+	}
+	ans, err := readLine(c)
+	if err != nil || ans != agreeRDMA {
+		c.Close()
+		return fmt.Errorf("negotiation: %q %v", ans, err)
+	}
+	fmt.Printf("client: the server answers %q; switching this connection to RDMA\n", strings.TrimSpace(ans))
+	return a.ep.SocketConnect(c.(*net.TCPConn), 10*time.Second, []byte("softrnic-example client"))
+}
+
+func runClient(ctx context.Context, socket, server string, size int, stream bool) error {
 	if server == "" {
 		return errors.New("--server is required")
 	}
@@ -230,8 +323,13 @@ func runClient(ctx context.Context, socket, server string, size int) error {
 		return err
 	}
 	defer a.ia.Close()
-	fmt.Printf("client: connecting from %s to %s\n", a.ia.Attr().Address, server)
-	if err := a.ep.Connect(server, []byte("softrnic-example client"), 10*time.Second); err != nil {
+	if stream {
+		err = a.streamConnect(ctx, server)
+	} else {
+		fmt.Printf("client: connecting from %s to %s\n", a.ia.Attr().Address, server)
+		err = a.ep.Connect(server, []byte("softrnic-example client"), 10*time.Second)
+	}
+	if err != nil {
 		return err
 	}
 	if c, err := a.waitConn(ctx); err != nil || c != client.Established {
@@ -248,7 +346,7 @@ func runClient(ctx context.Context, socket, server string, size int) error {
 	if n := int(binary.BigEndian.Uint32(info.PrivateData[12:])); n < size {
 		size = n
 	}
-	fmt.Printf("client: connected; server buffer STag %#x at %#x\n", remote.Context, remote.Address)
+	fmt.Printf("client: connected %s → %s; server buffer STag %#x at %#x\n", info.LocalAddr, info.RemoteAddr, remote.Context, remote.Address)
 
 	if err := a.sendMsg(ctx, "hello from softrnic"); err != nil {
 		return err
