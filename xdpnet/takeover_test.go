@@ -13,8 +13,11 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 
@@ -521,6 +524,36 @@ func TestTakeOverRefusals(t *testing.T) {
 	}
 	stillWorks(t, r.aConn, r.bConn, true)
 
+	// ECN negotiated: both kernels ask for it.
+	for _, h := range []topology.Host{tp.A, tp.B} {
+		if out, err := h.Command("sysctl", "-qw", "net.ipv4.tcp_ecn=1").CombinedOutput(); err != nil {
+			t.Fatalf("tcp_ecn: %v: %s", err, out)
+		}
+	}
+	r = &round{n: 2, bActive: true}
+	r.connect(t, tp, 20602)
+	if _, _, err := e.p.TakeOver(r.bConn, ep); !errors.Is(err, repair.ErrRefused) {
+		t.Errorf("ECN: %v, want ErrRefused", err)
+	} else {
+		t.Logf("ECN: %v", err)
+	}
+	stillWorks(t, r.aConn, r.bConn, true)
+	for _, h := range []topology.Host{tp.A, tp.B} {
+		_ = h.Command("sysctl", "-qw", "net.ipv4.tcp_ecn=2").Run()
+	}
+
+	// Signed with TCP-MD5: both sides hold the key before connecting.
+	if md5a, md5b, err := md5Pair(t, tp, 20603); err != nil {
+		t.Errorf("a TCP-MD5 connection: %v", err)
+	} else {
+		if _, _, err := e.p.TakeOver(md5b, ep); !errors.Is(err, repair.ErrRefused) || !strings.Contains(err.Error(), "TCP-MD5") {
+			t.Errorf("TCP-MD5: %v, want ErrRefused naming it", err)
+		} else {
+			t.Logf("TCP-MD5: %v", err)
+		}
+		stillWorks(t, md5a, md5b, true)
+	}
+
 	// On B's loopback: not the poller's address.
 	var lc, ls *net.TCPConn
 	err := tp.B.Do(func() error {
@@ -589,4 +622,45 @@ func setCap(c int, on bool) error {
 		data[c/32].Effective &^= bit
 	}
 	return unix.Capset(&hdr, &data[0])
+}
+
+// md5Pair is a connection from A to B's kernel signed with TCP-MD5 (RFC
+// 2385): the key is set for the peer on A's socket before it connects and
+// on B's listener before the SYN comes.
+func md5Pair(t *testing.T, tp *topology.Pair, port uint16) (a, b *net.TCPConn, err error) {
+	t.Helper()
+	key := func(peer netip.Addr) func(_, _ string, c syscall.RawConn) error {
+		return func(_, _ string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				sig := unix.TCPMD5Sig{Keylen: 16}
+				sa := (*unix.RawSockaddrInet4)(unsafe.Pointer(&sig.Addr))
+				sa.Family, sa.Addr = unix.AF_INET, peer.As4()
+				copy(sig.Key[:], "a shared secret!")
+				_, _, e := unix.Syscall6(unix.SYS_SETSOCKOPT, fd, unix.IPPROTO_TCP, unix.TCP_MD5SIG,
+					uintptr(unsafe.Pointer(&sig)), unsafe.Sizeof(sig), 0)
+				if e != 0 {
+					serr = e
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	ln, err := tp.B.ListenTCPWith(netip.AddrPortFrom(tp.B.Addr.Addr(), port), key(tp.A.Addr.Addr()))
+	if err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	if a, err = tp.A.DialTCPWith(netip.AddrPortFrom(tp.B.Addr.Addr(), port), 5*time.Second, key(tp.B.Addr.Addr())); err != nil {
+		return nil, nil, err
+	}
+	_ = ln.SetDeadline(time.Now().Add(5 * time.Second))
+	if b, err = ln.AcceptTCP(); err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, b, nil
 }

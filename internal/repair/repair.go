@@ -107,7 +107,8 @@ func (s *Socket) control(f func(fd int) error) error {
 // Check says whether the connection can be taken over, and why not:
 // IPv4 TCP (not MPTCP), ESTABLISHED, no upper-layer protocol (kTLS), no
 // ECN or microsecond timestamps negotiated (the engine does neither), no
-// urgent data waiting. It changes nothing.
+// urgent data waiting, segments not signed (TCP-MD5, TCP-AO). It changes
+// nothing.
 func Check(rc syscall.RawConn) error {
 	s := &Socket{rc: rc}
 	return s.control(func(fd int) error {
@@ -139,6 +140,15 @@ func Check(rc syscall.RawConn) error {
 		}
 		if mark, err := unix.IoctlGetInt(fd, unix.SIOCATMARK); err == nil && mark != 0 {
 			return fmt.Errorf("%w: urgent data pending", ErrRefused)
+		}
+		how, err := signed(fd)
+		switch {
+		case errors.Is(err, unix.EPERM):
+			return ErrPermission // the same capability as TCP_REPAIR's
+		case err != nil:
+			return fmt.Errorf("%w: cannot tell whether its segments are signed: %v", ErrRefused, err)
+		case how != "":
+			return fmt.Errorf("%w: its segments are signed (%s)", ErrRefused, how)
 		}
 		return nil
 	})
