@@ -93,13 +93,23 @@ type round struct {
 	bActive        bool
 }
 
+// smallRcvBuf gives A's socket a small receive buffer, so that what B
+// writes backs up in B's send queue.
+func smallRcvBuf(_, _ string, c syscall.RawConn) error {
+	var serr error
+	if err := c.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, 64<<10) }); err != nil {
+		return err
+	}
+	return serr
+}
+
 // connect makes the round's kernel connection: B dials A (B's port is
 // ephemeral) or A dials B's kernel listener.
 func (r *round) connect(t *testing.T, tp *topology.Pair, port uint16) {
 	t.Helper()
 	var err error
 	if r.bActive {
-		ln, lerr := tp.A.ListenTCP(netip.AddrPortFrom(tp.A.Addr.Addr(), port))
+		ln, lerr := tp.A.ListenTCPWith(netip.AddrPortFrom(tp.A.Addr.Addr(), port), smallRcvBuf)
 		if lerr != nil {
 			t.Fatal(lerr)
 		}
@@ -117,7 +127,7 @@ func (r *round) connect(t *testing.T, tp *topology.Pair, port uint16) {
 			t.Fatal(lerr)
 		}
 		defer ln.Close()
-		if r.aConn, err = tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port), 5*time.Second); err != nil {
+		if r.aConn, err = tp.A.DialTCPWith(netip.AddrPortFrom(tp.B.Addr.Addr(), port), 5*time.Second, smallRcvBuf); err != nil {
 			t.Fatal(err)
 		}
 		_ = ln.SetDeadline(time.Now().Add(5 * time.Second))
@@ -185,7 +195,16 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 		buf := make([]byte, 64<<10)
 		_ = r.aConn.SetReadDeadline(time.Now().Add(2 * time.Minute))
 		for {
-			k, err := r.aConn.Read(buf)
+			// Slowly until the handover, so that B's octets are
+			// in flight and queued unsent when it comes.
+			n := len(buf)
+			select {
+			case <-handed:
+			default:
+				n = 4 << 10
+				time.Sleep(time.Millisecond)
+			}
+			k, err := r.aConn.Read(buf[:n])
 			for i := range buf[:k] {
 				if buf[i] != sim.Pattern(seedB, off+uint64(i)) {
 					aRead <- fmt.Errorf("A's stream from B differs at %d", off+uint64(i))
@@ -206,17 +225,40 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 			}
 		}
 	}()
+	// Another descriptor of B's socket, as an application that passed a
+	// dup keeps: dead after the handover, and closing it sends nothing
+	// (the capture check covers that).
+	var dup *os.File
+	if r.n%10 == 0 {
+		f, err := r.bConn.File()
+		if err != nil {
+			t.Fatal(err)
+		}
+		dup = f
+	}
 	c, stats, err := e.p.TakeOver(r.bConn, ep)
 	close(handed)
 	if err != nil {
 		t.Fatalf("round %d: take over: %v", r.n, err)
 	}
 	r.stats = stats
-	_ = c
+	if dup != nil {
+		if _, err := unix.Write(int(dup.Fd()), []byte("late")); err == nil {
+			t.Errorf("round %d: the application's other descriptor still writes after the handover", r.n)
+		}
+		if k, err := unix.Read(int(dup.Fd()), make([]byte, 16)); err == nil && k > 0 {
+			t.Errorf("round %d: the application's other descriptor still reads after the handover", r.n)
+		}
+		dup.Close()
+	}
 	select {
 	case <-ep.done:
 	case <-time.After(2 * time.Minute):
-		t.Fatalf("round %d: the engine's connection did not end (sent %d recvd %d of %d/%d)", r.n, ep.Sent, ep.Recvd, r.totalB, r.totalA)
+		var state tcp.State
+		var cs tcp.ConnStats
+		_ = e.p.Do(func(*tcp.Stack, tcp.Time) { state, cs = c.State(), c.Stats })
+		t.Fatalf("round %d: the engine's connection did not end (sent %d recvd %d of %d/%d; %v, %+v; handover %+v)", r.n, ep.Sent, ep.Recvd,
+			r.totalB, r.totalA, state, cs, stats)
 	}
 	if err := <-aRead; err != nil {
 		t.Fatalf("round %d: %v", r.n, err)
