@@ -229,18 +229,25 @@ func (s *session) applyRequest(p *psp, req *rnic.ConnRequest) {
 		_ = req.Reject(nil) // the PSP was freed meanwhile
 		return
 	}
-	c := &cr{req: req, psp: p}
+	s.offerRequest(&cr{req: req, psp: p}, p.evd, p.rsp, p.provider)
+}
+
+// offerRequest gives the client the CR c on evd: for reserved, the EP an
+// RSP or SSP reserved for it (which must still be RESERVED), or with
+// provider an EP the provider makes, with no PZ and no QP, in
+// TENTATIVE_CONNECTION_PENDING (DAT_PSP_PROVIDER_FLAG, digest 003 §2); a
+// request that cannot be given is rejected. s.mu held.
+func (s *session) offerRequest(c *cr, evd *evd, reserved *ep, provider bool) {
+	req := c.req
 	switch {
-	case p.rsp != nil:
-		if p.rsp.state != ctl.EPReserved {
+	case reserved != nil:
+		if reserved.state != ctl.EPReserved || s.objects[reserved.h] != reserved {
 			_ = req.Reject(nil)
 			return
 		}
-		c.ep = p.rsp
+		c.ep = reserved
 		c.ep.setState(ctl.EPPassivePending)
-	case p.provider:
-		// DAT_PSP_PROVIDER_FLAG: an EP with no PZ and no QP, in
-		// TENTATIVE_CONNECTION_PENDING (digest 003 §2).
+	case provider:
 		e := &ep{state: ctl.EPTentativePending}
 		h, err := s.add(e)
 		if err != nil {
@@ -260,5 +267,5 @@ func (s *session) applyRequest(p *psp, req *rnic.ConnRequest) {
 	if c.ep != nil {
 		eve.EP = c.ep.h
 	}
-	s.emit(p.evd, eve)
+	s.emit(evd, eve)
 }

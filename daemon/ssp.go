@@ -166,32 +166,7 @@ func (s *session) applySSP(p *ssp, req *rnic.ConnRequest, err error) {
 		s.emit(p.evd, eve)
 		return
 	}
-	c := &cr{req: req, ssp: p}
-	switch {
-	case p.ep != nil:
-		if p.ep.state != ctl.EPReserved || s.objects[p.ep.h] != p.ep {
-			_ = req.Reject(nil)
-			return
-		}
-		c.ep = p.ep
-		c.ep.setState(ctl.EPPassivePending)
-	default:
-		e := &ep{state: ctl.EPTentativePending}
-		h, err := s.add(e)
-		if err != nil {
-			_ = req.Reject(nil)
-			return
-		}
-		e.h = h
-		c.ep = e
-	}
-	h, err := s.add(c)
-	if err != nil {
-		_ = req.Reject(nil)
-		return
-	}
-	c.h = h
-	s.emit(p.evd, shm.EVE{Kind: shm.EventCR, Handle: h, EP: c.ep.h})
+	s.offerRequest(&cr{req: req, ssp: p}, p.evd, p.ep, p.ep == nil)
 }
 
 // freeSSP frees the SSP: a request it made stays; while it made none its

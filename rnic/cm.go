@@ -70,22 +70,11 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) (_ 
 		}
 		defer func() { started(err) }() // a failure before the start
 	}
-	q.mu.Lock()
-	busy := q.busyLocked()
-	q.unlock()
-	if busy {
-		return nil, ErrState
+	ctx, cancel, cfg, timeout, err := q.prepareConnect(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
 	}
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultMPATimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cfg := q.mpaConfig(opts.PrivateData)
-	if _, err := cfg.Request(); err != nil {
-		return nil, fmt.Errorf("connect: %w: %v", ErrInvalidParam, err)
-	}
 	var pd []byte
 	if q.dev.xdp != nil {
 		pd, err = q.connectEngine(ctx, raddr, cfg, timeout, started)
@@ -93,6 +82,29 @@ func (q *QP) Connect(ctx context.Context, raddr string, opts ConnectOptions) (_ 
 		pd, err = q.connectKernel(ctx, raddr, cfg, startedDialer(opts.Dialer, started))
 	}
 	return pd, resourceError(err)
+}
+
+// prepareConnect is what Connect and SocketConnect check and set up first:
+// the QP free to connect (ErrState), the deadline of opts.Timeout (or
+// DefaultMPATimeout) on ctx, and the MPA Request's configuration, valid
+// (ErrInvalidParam).
+func (q *QP) prepareConnect(ctx context.Context, opts ConnectOptions) (context.Context, context.CancelFunc, mpa.Config, time.Duration, error) {
+	q.mu.Lock()
+	busy := q.busyLocked()
+	q.unlock()
+	if busy {
+		return nil, nil, mpa.Config{}, 0, ErrState
+	}
+	timeout := opts.Timeout
+	if timeout == 0 {
+		timeout = DefaultMPATimeout
+	}
+	cfg := q.mpaConfig(opts.PrivateData)
+	if _, err := cfg.Request(); err != nil {
+		return nil, nil, mpa.Config{}, 0, fmt.Errorf("%w: %v", ErrInvalidParam, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	return ctx, cancel, cfg, timeout, nil
 }
 
 // startedDialer is d (or a new Dialer) calling started once the socket

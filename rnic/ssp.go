@@ -166,28 +166,14 @@ func connected(rc syscall.RawConn) error {
 			err = fmt.Errorf("%w: TCP_INFO: %v", ErrSocketDown, e)
 			return
 		}
-		if info.State != tcpEstablished {
-			err = fmt.Errorf("%w: TCP state %s", ErrSocketDown, tcpStateName(info.State))
+		if info.State != 1 { // ESTABLISHED
+			err = fmt.Errorf("%w: TCP state %s", ErrSocketDown, repair.StateName(info.State))
 		}
 	})
 	if cerr != nil {
 		return fmt.Errorf("%w: %v", ErrSocketDown, cerr)
 	}
 	return err
-}
-
-// Linux's TCP states (include/net/tcp_states.h).
-const (
-	tcpEstablished = 1
-)
-
-func tcpStateName(s uint8) string {
-	names := [...]string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSE",
-		"CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
-	if int(s) < len(names) {
-		return names[s]
-	}
-	return fmt.Sprintf("state %d", s)
 }
 
 // peekRequest waits, without taking an octet from the socket, until a
@@ -458,22 +444,11 @@ func (q *QP) SocketConnect(ctx context.Context, tc *net.TCPConn, opts ConnectOpt
 		_ = tc.Close()
 		return nil, err
 	}
-	q.mu.Lock()
-	busy := q.busyLocked()
-	q.unlock()
-	if busy {
-		return fail(ErrState)
+	ctx, cancel, cfg, _, err := q.prepareConnect(ctx, opts)
+	if err != nil {
+		return fail(fmt.Errorf("socket connect: %w", err))
 	}
-	timeout := opts.Timeout
-	if timeout == 0 {
-		timeout = DefaultMPATimeout
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cfg := q.mpaConfig(opts.PrivateData)
-	if _, err := cfg.Request(); err != nil {
-		return fail(fmt.Errorf("socket connect: %w: %v", ErrInvalidParam, err))
-	}
 	if err := connected(rc); err != nil {
 		return fail(fmt.Errorf("socket connect: %w", err))
 	}

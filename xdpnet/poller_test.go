@@ -55,21 +55,26 @@ type env struct {
 
 // start makes the topology and runs a Poller on B's veth end in mode.
 func start(tb testing.TB, mode bpf.Mode, opts tcp.Options) *env {
+	return startWith(tb, xdpnet.Config{Mode: mode, TCP: opts})
+}
+
+// startWith is start with more of the Poller's configuration (its
+// interface and address are B's).
+func startWith(tb testing.TB, cfg xdpnet.Config) *env {
 	tb.Helper()
 	tp := topology.NewTest(tb, topology.Options{MTU: 1500})
-	if opts.TimeWait == 0 {
-		opts.TimeWait = testTimeWait
+	if cfg.TCP.TimeWait == 0 {
+		cfg.TCP.TimeWait = testTimeWait
 	}
+	cfg.Interface, cfg.Queue, cfg.Addr = tp.B.Link, 0, tp.B.Addr.Addr()
 	e := &env{tp: tp, runErr: make(chan error, 1)}
 	err := tp.B.Do(func() error {
 		var err error
-		e.p, err = xdpnet.NewPoller(xdpnet.Config{
-			Interface: tp.B.Link, Queue: 0, Addr: tp.B.Addr.Addr(), Mode: mode, TCP: opts,
-		})
+		e.p, err = xdpnet.NewPoller(cfg)
 		return err
 	})
 	if err != nil {
-		tb.Fatalf("new poller (%v XDP): %v", mode, err)
+		tb.Fatalf("new poller (%v XDP): %v", cfg.Mode, err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() { e.runErr <- e.p.Run(ctx) }()

@@ -1,7 +1,6 @@
 package xdpnet_test
 
 import (
-	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -49,36 +48,9 @@ const (
 // order of B's segments is then their sending order, which the TSval
 // check relies on.)
 func startImpaired(tb testing.TB, cfg impair.Config) *env {
-	tb.Helper()
-	tp := topology.NewTest(tb, topology.Options{MTU: 1500})
-	e := &env{tp: tp, runErr: make(chan error, 1)}
 	rx, tx := cfg, cfg
 	rx.Seed, tx.Seed = 11, 12
-	if err := tp.B.Do(func() error {
-		var err error
-		e.p, err = xdpnet.NewPoller(xdpnet.Config{Interface: tp.B.Link, Queue: 0, Addr: tp.B.Addr.Addr(),
-			Mode: bpf.ModeGeneric, TCP: tcp.Options{TimeWait: testTimeWait}, ImpairRX: rx, ImpairTX: tx})
-		return err
-	}); err != nil {
-		tb.Fatalf("new poller: %v", err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { e.runErr <- e.p.Run(ctx) }()
-	tb.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-e.runErr:
-			if err != nil {
-				tb.Errorf("poller run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			tb.Errorf("poller did not stop")
-		}
-		if err := e.p.Close(); err != nil {
-			tb.Errorf("poller close: %v", err)
-		}
-	})
-	return e
+	return startWith(tb, xdpnet.Config{Mode: bpf.ModeGeneric, ImpairRX: rx, ImpairTX: tx})
 }
 
 // round is one connection taken over.

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+
+	"github.com/softrnic/softrnic/internal/results"
 )
 
 // The alternation. Issue 15's targets 3 and 4 compare this tree with the
@@ -136,7 +138,7 @@ func (b *bench) alternateOn(baseline, datapath string, rounds int) *Alternated {
 	}
 	for _, f := range figures {
 		c := a.Figures[f.key]
-		c.OldMedian, c.NewMedian = median(c.Old), median(c.New)
+		c.OldMedian, c.NewMedian = results.Median(c.Old), results.Median(c.New)
 		fmt.Printf("   median %-20s old "+f.format+" %s, new "+f.format+" %s (%+.1f%%)\n",
 			f.name+":", c.OldMedian, f.unit, c.NewMedian, f.unit, change(c))
 	}
@@ -158,19 +160,6 @@ func (b *bench) measureFigures(bin, datapath string) ([]float64, error) {
 		}
 	}
 	return vals, nil
-}
-
-// median is the middle of vs, or the mean of the middle two.
-func median(vs []float64) float64 {
-	if len(vs) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(vs))
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // change is the new median's change from the old, in percent.

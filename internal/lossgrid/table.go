@@ -3,8 +3,9 @@ package lossgrid
 import (
 	"fmt"
 	"io"
-	"slices"
 	"strings"
+
+	"github.com/softrnic/softrnic/internal/results"
 )
 
 // Targets of issue 18, read against Linux → Linux at the same point.
@@ -68,26 +69,13 @@ func Verdicts(rs []Result) []Verdict {
 	}
 	for i := range out {
 		v := &out[i]
-		v.GoodputRatio = median(v.Ratios)
+		v.GoodputRatio = results.Median(v.Ratios)
 		v.GoodputMet = v.GoodputMet && v.GoodputRatio >= v.Want
 		// Within one RTO gap a round of Linux's: one stall either way
 		// is the link's luck, not the engine's.
 		v.RTOMet = v.RTOMet && v.EngineRTOSeconds <= v.LinuxRTOSeconds+float64(len(v.Ratios))*RTOGap.Seconds()
 	}
 	return out
-}
-
-// median is the middle of vs, or the mean of the middle two.
-func median(vs []float64) float64 {
-	if len(vs) == 0 {
-		return 0
-	}
-	s := slices.Sorted(slices.Values(vs))
-	n := len(s)
-	if n%2 == 1 {
-		return s[n/2]
-	}
-	return (s[n/2-1] + s[n/2]) / 2
 }
 
 // Print writes the grid: each point's streams with their ratios to

@@ -55,14 +55,3 @@ func TestVerdictsReadTheMedianOfRounds(t *testing.T) {
 		t.Errorf("the printed targets do not give the rounds and the failures:\n%s", out.String())
 	}
 }
-
-func TestMedian(t *testing.T) {
-	for _, c := range []struct {
-		in   []float64
-		want float64
-	}{{nil, 0}, {[]float64{3}, 3}, {[]float64{3, 1}, 2}, {[]float64{5, 1, 3}, 3}, {[]float64{4, 1, 3, 2}, 2.5}} {
-		if got := median(c.in); got != c.want {
-			t.Errorf("median(%v) = %v, want %v", c.in, got, c.want)
-		}
-	}
-}

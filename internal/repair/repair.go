@@ -127,7 +127,7 @@ func Check(rc syscall.RawConn) error {
 		case 7: // CLOSE: never connected, or its connection is gone
 			return ErrNotConnected
 		default:
-			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, stateName(in.state))
+			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, StateName(in.state))
 		}
 		if in.options&(optECN|optECNSeen) != 0 {
 			return fmt.Errorf("%w: ECN negotiated (the engine does not do ECN)", ErrRefused)
@@ -154,7 +154,9 @@ func Check(rc syscall.RawConn) error {
 	})
 }
 
-func stateName(s uint8) string {
+// StateName names a Linux TCP state (include/net/tcp_states.h), as
+// TCP_INFO gives it.
+func StateName(s uint8) string {
 	names := [...]string{"", "ESTABLISHED", "SYN_SENT", "SYN_RECV", "FIN_WAIT1", "FIN_WAIT2", "TIME_WAIT", "CLOSE",
 		"CLOSE_WAIT", "LAST_ACK", "LISTEN", "CLOSING", "NEW_SYN_RECV"}
 	if int(s) < len(names) {
@@ -214,7 +216,7 @@ func (s *Socket) readOnce() (st tcp.Imported, err error) {
 			return err
 		}
 		if in.state != 1 {
-			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, stateName(in.state))
+			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, StateName(in.state))
 		}
 		local, err := unix.Getsockname(fd)
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 )
 
 // Write writes v to path, indented.
@@ -40,4 +41,18 @@ func Merge(path, key string, v any) error {
 	}
 	doc[key] = raw
 	return Write(path, doc)
+}
+
+// Median is the middle of vs, or the mean of the middle two (0 for none):
+// what a benchmark of alternated or repeated rounds reads.
+func Median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(vs))
+	n := len(s)
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
 }
