@@ -1,6 +1,7 @@
 package xdpnet_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -568,6 +569,23 @@ func TestTakeOverRefusals(t *testing.T) {
 		stillWorks(t, md5a, md5b, true)
 	}
 
+	// MPTCP: Go asks for it on both ends; the kernel falls back to
+	// plain TCP where it cannot, and then there is nothing to refuse.
+	if ma, mb, err := mptcpPair(tp, 20604); err != nil {
+		t.Errorf("an MPTCP connection: %v", err)
+	} else if mptcp, _ := mb.MultipathTCP(); !mptcp {
+		t.Errorf("the kernel made plain TCP of an MPTCP connection between the namespaces")
+		ma.Close()
+		mb.Close()
+	} else {
+		if _, _, err := e.p.TakeOver(mb, ep); !errors.Is(err, repair.ErrRefused) || !strings.Contains(err.Error(), "MPTCP") {
+			t.Errorf("MPTCP: %v, want ErrRefused naming it", err)
+		} else {
+			t.Logf("MPTCP: %v", err)
+		}
+		stillWorks(t, ma, mb, true)
+	}
+
 	// On B's loopback: not the poller's address.
 	var lc, ls *net.TCPConn
 	err := tp.B.Do(func() error {
@@ -677,4 +695,38 @@ func md5Pair(t *testing.T, tp *topology.Pair, port uint16) (a, b *net.TCPConn, e
 		return nil, nil, err
 	}
 	return a, b, nil
+}
+
+// mptcpPair is an MPTCP connection from A to B (Go's SetMultipathTCP on
+// both ends).
+func mptcpPair(tp *topology.Pair, port uint16) (a, b *net.TCPConn, err error) {
+	var ln net.Listener
+	if err := tp.B.Do(func() error {
+		var lc net.ListenConfig
+		lc.SetMultipathTCP(true)
+		var err error
+		ln, err = lc.Listen(context.Background(), "tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), port).String())
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
+	defer ln.Close()
+	if err := tp.A.Do(func() error {
+		d := net.Dialer{Timeout: 5 * time.Second}
+		d.SetMultipathTCP(true)
+		c, err := d.Dial("tcp4", netip.AddrPortFrom(tp.B.Addr.Addr(), port).String())
+		if err == nil {
+			a = c.(*net.TCPConn)
+		}
+		return err
+	}); err != nil {
+		return nil, nil, err
+	}
+	_ = ln.(*net.TCPListener).SetDeadline(time.Now().Add(5 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		a.Close()
+		return nil, nil, err
+	}
+	return a, c.(*net.TCPConn), nil
 }

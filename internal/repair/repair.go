@@ -112,8 +112,11 @@ func (s *Socket) control(f func(fd int) error) error {
 func Check(rc syscall.RawConn) error {
 	s := &Socket{rc: rc}
 	return s.control(func(fd int) error {
-		if p, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || p != unix.IPPROTO_TCP {
-			return fmt.Errorf("%w: not a TCP socket (protocol %d: MPTCP is %d)", ErrRefused, p, unix.IPPROTO_MPTCP)
+		switch p, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); {
+		case err == nil && p == unix.IPPROTO_MPTCP:
+			return fmt.Errorf("%w: an MPTCP connection (its subflows are the kernel's)", ErrRefused)
+		case err != nil || p != unix.IPPROTO_TCP:
+			return fmt.Errorf("%w: not a TCP socket (protocol %d)", ErrRefused, p)
 		}
 		if d, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_DOMAIN); err != nil || d != unix.AF_INET {
 			return fmt.Errorf("%w: not IPv4", ErrRefused)
