@@ -586,6 +586,26 @@ func TestTakeOverRefusals(t *testing.T) {
 		stillWorks(t, ma, mb, true)
 	}
 
+	// Urgent data from A that B has not read.
+	r = &round{n: 3, bActive: false}
+	r.connect(t, tp, 20605)
+	if _, err := r.aConn.Write([]byte("before the mark")); err != nil {
+		t.Fatal(err)
+	}
+	arc, _ := r.aConn.SyscallConn()
+	var oerr error
+	if err := arc.Control(func(fd uintptr) { oerr = unix.Sendto(int(fd), []byte("!"), unix.MSG_OOB, nil) }); err != nil || oerr != nil {
+		t.Fatalf("send urgent: %v %v", err, oerr)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if _, _, err := e.p.TakeOver(r.bConn, ep); !errors.Is(err, repair.ErrRefused) || !strings.Contains(err.Error(), "urgent") {
+		t.Errorf("urgent data: %v, want ErrRefused naming it", err)
+	} else {
+		t.Logf("urgent data: %v", err)
+	}
+	r.aConn.Close()
+	r.bConn.Close()
+
 	// On B's loopback: not the poller's address.
 	var lc, ls *net.TCPConn
 	err := tp.B.Do(func() error {

@@ -141,7 +141,11 @@ func Check(rc syscall.RawConn) error {
 		if ulp, err := unix.GetsockoptString(fd, unix.IPPROTO_TCP, unix.TCP_ULP); err == nil && ulp != "" {
 			return fmt.Errorf("%w: upper-layer protocol %q (kTLS or another)", ErrRefused, ulp)
 		}
-		if mark, err := unix.IoctlGetInt(fd, unix.SIOCATMARK); err == nil && mark != 0 {
+		// Urgent data the peer sent and nobody read (not inline): it is
+		// out of the stream the queues give, and the engine has no
+		// urgent pointer. A peek at it answers; EINVAL says none.
+		var urg [1]byte
+		if _, _, err := unix.Recvfrom(fd, urg[:], unix.MSG_OOB|unix.MSG_PEEK|unix.MSG_DONTWAIT); err == nil || errors.Is(err, unix.EAGAIN) {
 			return fmt.Errorf("%w: urgent data pending", ErrRefused)
 		}
 		how, err := signed(fd)
