@@ -465,3 +465,121 @@ func TestSocketConnectNotConnected(t *testing.T) {
 		t.Fatalf("EP %v", st)
 	}
 }
+
+// TestSocketConnectHostilePeer: SocketConnect on a connection whose peer
+// is no SSP: one answers the MPA Request with something else, one never
+// answers, one resets. Each ends in one connection event (never
+// ESTABLISHED), the EP DISCONNECTED, and the connection reset rather
+// than handed back to streaming.
+func TestSocketConnectHostilePeer(t *testing.T) {
+	sock, _ := startDaemon(t)
+	cli := newApp(t, sock, "client")
+	for _, c := range []struct {
+		name string
+		peer func(t *testing.T, s *net.TCPConn)
+		want client.ConnEvent
+	}{
+		{"garbage", func(t *testing.T, s *net.TCPConn) {
+			readRequest(t, s)
+			_, _ = s.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\nnot an MPA Reply at all"))
+		}, client.NonPeerRejected},
+		{"silent", func(t *testing.T, s *net.TCPConn) { readRequest(t, s) }, client.TimedOut},
+		{"reset", func(t *testing.T, s *net.TCPConn) {
+			readRequest(t, s)
+			_ = s.SetLinger(0)
+			_ = s.Close()
+		}, client.NonPeerRejected},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ssock, csock := tcpPair(t)
+			cep := cli.ep(t)
+			must(t, cep.PostRecv(2, []client.Segment{{LMR: cli.lmr, Offset: 0, Length: 4096}}))
+			must(t, cep.SocketConnect(csock, 2*time.Second, []byte("hello?")))
+			c.peer(t, ssock)
+			ev := wait(t, cli.conn)
+			if ev.Conn != c.want {
+				t.Fatalf("event %v, want %v", ev.Conn, c.want)
+			}
+			if st := state(t, cep); st != client.DisconnectedState {
+				t.Fatalf("EP %v", st)
+			}
+			noMore(t, cli.conn, "connect EVD")
+			// The connection does not go back to streaming: the peer
+			// reads its end (or a reset), nothing else.
+			_ = ssock.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if n, err := io.Copy(io.Discard, ssock); err == nil && n > 100 {
+				t.Fatalf("the peer read %d more octets after the failed switch", n)
+			}
+		})
+	}
+}
+
+// readRequest reads the MPA Request a SocketConnect sends.
+func readRequest(t *testing.T, s *net.TCPConn) {
+	t.Helper()
+	hdr := make([]byte, 20)
+	_ = s.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(s, hdr); err != nil || string(hdr[:16]) != "MPA ID Req Frame" {
+		t.Fatalf("MPA Request %q: %v", hdr, err)
+	}
+	pd := make([]byte, int(hdr[18])<<8|int(hdr[19]))
+	if _, err := io.ReadFull(s, pd); err != nil {
+		t.Fatalf("MPA Request's private data: %v", err)
+	}
+}
+
+// TestSSPHostilePeer: an SSP whose peer sends half a Request and resets
+// or closes, or a Request whose private data length is out of bounds,
+// reports SOCKET_DOWN once; the last peer's connection is reset. (A peek
+// gives the half Request again after the peer's end: the wait must look
+// at the connection's state, or it waits for ever.)
+func TestSSPHostilePeer(t *testing.T) {
+	sock, _ := startDaemon(t)
+	server := newApp(t, sock, "server")
+	req := func(pdLen uint16) []byte {
+		b := append([]byte("MPA ID Req Frame"), 0x40, 1, byte(pdLen>>8), byte(pdLen))
+		return b
+	}
+	for _, c := range []struct {
+		name string
+		peer func(c *net.TCPConn)
+	}{
+		{"half-then-reset", func(c *net.TCPConn) {
+			_, _ = c.Write(req(100)[:18])
+			time.Sleep(20 * time.Millisecond)
+			_ = c.SetLinger(0)
+			_ = c.Close()
+		}},
+		{"half-then-close", func(c *net.TCPConn) {
+			_, _ = c.Write(req(100)[:19])
+			time.Sleep(20 * time.Millisecond)
+			_ = c.CloseWrite()
+		}},
+		{"private-data-too-long", func(c *net.TCPConn) { _, _ = c.Write(append(req(60000), make([]byte, 600)...)) }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ssock, csock := tcpPair(t)
+			sep := server.ep(t)
+			ssp, err := server.ia.CreateSSP(ssock, sep, server.cr, nil)
+			must(t, err)
+			c.peer(csock)
+			ev := wait(t, server.cr)
+			if ev.Type != client.ConnectionEvent || ev.Conn != client.SocketDown || ev.SSP != ssp.Handle() {
+				t.Fatalf("event %+v, want SOCKET_DOWN", ev)
+			}
+			noMore(t, server.cr, "CR EVD")
+			if st := state(t, sep); st != client.Unconnected {
+				t.Fatalf("EP %v", st)
+			}
+			if c.name == "private-data-too-long" {
+				_ = csock.SetReadDeadline(time.Now().Add(10 * time.Second))
+				if _, err := csock.Read(make([]byte, 1)); !errors.Is(err, unix.ECONNRESET) {
+					t.Fatalf("the peer's read: %v, want a reset", err)
+				}
+			}
+			if nc, err := ssp.Free(); nc != nil || err != nil {
+				t.Fatalf("free: %v %v", nc, err)
+			}
+		})
+	}
+}

@@ -202,7 +202,14 @@ func (sp *SocketPoint) peekRequest() error {
 		_, _, e = mpa.ParseFrame(buf[:n], false)
 		switch {
 		case errors.Is(e, mpa.ErrShortFrame):
-			return false // more to come
+			// More to come, unless the peer closed or reset: a peek
+			// gives the same octets again whatever came after them.
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil && info.State != 1 {
+				perr = fmt.Errorf("%w: the peer ended the connection after %d octets of an MPA Request (TCP %s)",
+					ErrSocketDown, n, repair.StateName(info.State))
+				return true
+			}
+			return false
 		case e != nil:
 			perr = fmt.Errorf("%w: %v", ErrNotMPA, e)
 		}
