@@ -77,27 +77,39 @@ func (s *session) takeSocket(fds []*os.File) (*net.TCPConn, error) {
 }
 
 func (s *session) createSSP(req *ctl.CreateSSP, fds []*os.File) (any, []*os.File, error) {
+	tc, err := s.takeSocket(fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	// On the xdp datapath: can the connection be taken over? Asked
+	// before the session's lock, as it may wait on the neighbour table.
+	// (A socket that is not connected makes an SSP that reports
+	// SOCKET_DOWN.)
+	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
+		tc.Close()
+		return nil, nil, socketError(err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	refuse := func(err error) (any, []*os.File, error) {
+		tc.Close()
+		return nil, nil, err
+	}
 	if req.EVD == 0 {
-		return nil, nil, fail(ctl.InvalidHandle, "an SSP needs a connection request EVD")
+		return refuse(fail(ctl.InvalidHandle, "an SSP needs a connection request EVD"))
 	}
 	e, err := s.evdFor(req.EVD, ctl.EVDCR, "connection request")
 	if err != nil {
-		return nil, nil, err
+		return refuse(err)
 	}
 	p := &ssp{evd: e, operational: true}
 	if req.EP != 0 {
 		if p.ep, err = get[*ep](s, req.EP, "EP"); err != nil {
-			return nil, nil, err
+			return refuse(err)
 		}
 		if p.ep.state != ctl.EPUnconnected {
-			return nil, nil, fail(ctl.InvalidState, "SSP on an EP in %s", ctl.EPStateName(p.ep.state))
+			return refuse(fail(ctl.InvalidState, "SSP on an EP in %s", ctl.EPStateName(p.ep.state)))
 		}
-	}
-	tc, err := s.takeSocket(fds)
-	if err != nil {
-		return nil, nil, err
 	}
 	if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && ra != nil {
 		p.remote = ra.String()
@@ -106,11 +118,10 @@ func (s *session) createSSP(req *ctl.CreateSSP, fds []*os.File) (any, []*os.File
 		p.local = la.String()
 	}
 	if p.h, err = s.add(p); err != nil {
-		tc.Close()
-		return nil, nil, err
+		return refuse(err)
 	}
 	msg := append([]byte(nil), req.FinalMessage...)
-	if p.sp, err = s.srv.dev.ServeSocket(tc, rnic.SocketPointOptions{FinalMessage: msg}); err != nil {
+	if p.sp, err = s.srv.dev.ServeSocket(tc, rnic.SocketPointOptions{FinalMessage: msg, Checked: true}); err != nil {
 		s.forget(p.h)
 		tc.Close()
 		return nil, nil, socketError(err)
@@ -225,48 +236,45 @@ func socketError(err error) error {
 
 // socketConnect is Connect over the socket passed with the request.
 func (s *session) socketConnect(req *ctl.SocketConnect, fds []*os.File) (any, []*os.File, error) {
+	tc, err := s.takeSocket(fds)
+	if err != nil {
+		return nil, nil, err
+	}
+	// On the xdp datapath: can the connection be taken over? Asked
+	// before the session's lock, as it may wait on the neighbour table.
+	// (A socket that is not connected fails as an event,
+	// NON_PEER_REJECTED.)
+	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
+		tc.Close()
+		return nil, nil, socketError(err)
+	}
 	s.mu.Lock()
+	refuse := func(err error) (any, []*os.File, error) {
+		s.mu.Unlock()
+		tc.Close()
+		return nil, nil, err
+	}
 	e, err := get[*ep](s, req.EP, "EP")
 	if err != nil {
-		s.mu.Unlock()
-		return nil, nil, err
+		return refuse(err)
 	}
 	switch st := e.state; {
 	case st != ctl.EPUnconnected:
-		s.mu.Unlock()
-		return nil, nil, fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(st))
+		return refuse(fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(st)))
 	case e.qp == nil:
-		s.mu.Unlock()
-		return nil, nil, fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h)
+		return refuse(fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h))
 	case e.conn == nil:
-		s.mu.Unlock()
-		return nil, nil, fail(ctl.InvalidState, "EP %d has no connect EVD", e.h)
+		return refuse(fail(ctl.InvalidState, "EP %d has no connect EVD", e.h))
 	case req.TimeoutUS == 0:
-		s.mu.Unlock()
-		return nil, nil, fail(ctl.InvalidParameter, "timeout 0")
+		return refuse(fail(ctl.InvalidParameter, "timeout 0"))
 	case len(req.PrivateData) > int(s.srv.iaAttr().MaxPrivate):
-		s.mu.Unlock()
-		return nil, nil, fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData))
-	}
-	tc, err := s.takeSocket(fds)
-	if err != nil {
-		s.mu.Unlock()
-		return nil, nil, err
-	}
-	// On the xdp datapath: can the connection be taken over? (A socket
-	// that is not connected fails as an event, NON_PEER_REJECTED.)
-	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
-		s.mu.Unlock()
-		tc.Close()
-		return nil, nil, socketError(err)
+		return refuse(fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData)))
 	}
 	// Seed 004: the switch needs a receive posted, or the peer's first
 	// Send would find none and end the connection.
 	s.drainRQ(e)
 	if e.qp.PostedRecvs() == 0 {
-		s.mu.Unlock()
-		tc.Close()
-		return nil, nil, fail(ctl.InvalidState, "post a receive before switching the socket to RDMA")
+		return refuse(fail(ctl.InvalidState, "post a receive before switching the socket to RDMA"))
 	}
 	e.setState(ctl.EPActivePending)
 	if ra, ok := tc.RemoteAddr().(*net.TCPAddr); ok && ra != nil {

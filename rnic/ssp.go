@@ -51,6 +51,9 @@ type SocketPointOptions struct {
 	// (DefaultMPATimeout if 0). The wait for the Request itself has no
 	// bound: it ends with the socket or with Free.
 	RequestTimeout time.Duration
+	// Checked: the caller has asked CheckSocket about the socket already
+	// (ServeSocket does otherwise).
+	Checked bool
 }
 
 // SocketPoint is a Socket Service Point: one connected TCP socket on which
@@ -94,7 +97,7 @@ func (d *Device) ServeSocket(nc *net.TCPConn, opts SocketPointOptions) (*SocketP
 	}
 	// A socket that is not connected is SOCKET_DOWN at once (seed 000:
 	// the point is made, then goes non-operational), not refused.
-	if connected(rc) == nil {
+	if !opts.Checked && connected(rc) == nil {
 		if err := d.CheckSocket(nc); err != nil {
 			return nil, fmt.Errorf("socket service point: %w", err)
 		}
