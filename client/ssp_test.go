@@ -583,3 +583,36 @@ func TestSSPHostilePeer(t *testing.T) {
 		})
 	}
 }
+
+// TestSSPAcceptNeedsAReceive: accepting an SSP's request on an EP with no
+// receive posted is refused and changes nothing (seed 004); the request
+// stays, and an Accept after a receive is posted switches the connection.
+func TestSSPAcceptNeedsAReceive(t *testing.T) {
+	sock, _ := startDaemon(t)
+	server, cli := newApp(t, sock, "server"), newApp(t, sock, "client")
+	ssock, csock := tcpPair(t)
+	sep, cep := server.ep(t), cli.ep(t)
+	must(t, cep.PostRecv(2, []client.Segment{{LMR: cli.lmr, Offset: 0, Length: 4096}}))
+	_, err := server.ia.CreateSSP(ssock, sep, server.cr, nil)
+	must(t, err)
+	must(t, cep.SocketConnect(csock, 10*time.Second, nil))
+	ev := wait(t, server.cr)
+	if ev.Type != client.ConnectionRequest {
+		t.Fatalf("server got %+v", ev)
+	}
+	if err := ev.CR.Accept(sep, nil); !errors.Is(err, client.ErrInvalidState) {
+		t.Fatalf("accept with no receive posted: %v, want INVALID_STATE", err)
+	}
+	if st := state(t, sep); st != client.PassivePending {
+		t.Fatalf("EP after the refused accept: %v", st)
+	}
+	must(t, sep.PostRecv(1, []client.Segment{{LMR: server.lmr, Offset: 0, Length: 4096}}))
+	must(t, ev.CR.Accept(sep, nil))
+	if ev := wait(t, cli.conn); ev.Conn != client.Established {
+		t.Fatalf("client: %+v", ev)
+	}
+	if ev := wait(t, server.conn); ev.Conn != client.Established {
+		t.Fatalf("server: %+v", ev)
+	}
+	rdmaEverything(t, server, cli, sep, cep)
+}

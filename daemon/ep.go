@@ -682,6 +682,16 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 		s.mu.Unlock()
 		return fail(ctl.InvalidParameter, "%d octets of private data", len(req.PrivateData))
 	}
+	if c.ssp != nil {
+		// Seed 004: the switch of a live connection needs a posted
+		// receive. Refused before anything changes: the CR stays,
+		// for an Accept once one is posted, or a Reject.
+		s.drainRQ(target)
+		if target.qp.PostedRecvs() == 0 {
+			s.mu.Unlock()
+			return fail(ctl.InvalidState, "post a receive before switching the socket to RDMA")
+		}
+	}
 	entry := target.state
 	target.setState(ctl.EPCompletionPending)
 	target.remote = c.req.RemoteAddr.String()
@@ -692,12 +702,6 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 	// Receives the client posted before accepting must be in the QP
 	// before the peer's first Send can arrive: iWARP has no RNR retry.
 	s.drainRQ(target)
-	if c.ssp != nil && q.PostedRecvs() == 0 {
-		// Seed 004: the switch of a live connection needs one.
-		target.setState(entry)
-		s.mu.Unlock()
-		return fail(ctl.InvalidState, "post a receive before switching the socket to RDMA")
-	}
 	s.mu.Unlock()
 	if err := c.req.Accept(q, req.PrivateData); err != nil {
 		s.mu.Lock()

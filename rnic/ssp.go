@@ -67,8 +67,10 @@ type SocketPoint struct {
 
 	mu sync.Mutex
 	// freed: Free was called; taken: the serving goroutine began to
-	// read the Request off the socket, which cannot be given back now.
-	freed, taken bool
+	// read the Request off the socket, which cannot be given back now;
+	// partial: part of the final message went out before Free stopped
+	// it, and neither can a socket whose stream is cut so.
+	freed, taken, partial bool
 	// result receives the request or the error that ended the wait,
 	// once.
 	result chan spResult
@@ -116,7 +118,7 @@ func (sp *SocketPoint) serve() {
 	cr, err := sp.await()
 	if err != nil {
 		sp.mu.Lock()
-		if sp.freed && !sp.taken {
+		if sp.freed && !sp.taken && !sp.partial && !errors.Is(err, ErrNotMPA) {
 			err = ErrClosed // Free stopped the wait: not the socket's end
 		}
 		sp.mu.Unlock()
@@ -131,9 +133,19 @@ func (sp *SocketPoint) await() (*ConnRequest, error) {
 	if err := connected(sp.rc); err != nil {
 		return nil, err
 	}
-	if len(sp.opts.FinalMessage) > 0 {
-		if _, err := sp.nc.Write(sp.opts.FinalMessage); err != nil {
-			return nil, fmt.Errorf("%w: final message: %v", ErrSocketDown, err)
+	if err := addressed(sp.nc); err != nil {
+		return nil, err
+	}
+	if msg := sp.opts.FinalMessage; len(msg) > 0 {
+		n, err := sp.nc.Write(msg)
+		if err != nil {
+			// Free (the deadline) while the peer read nothing gives
+			// the socket back; once part of it went, the stream is
+			// no longer the one the application left.
+			sp.mu.Lock()
+			sp.partial = n > 0
+			sp.mu.Unlock()
+			return nil, fmt.Errorf("%w: final message (%d of %d octets sent): %v", ErrSocketDown, n, len(msg), err)
 		}
 	}
 	if err := sp.peekRequest(); err != nil {
@@ -153,6 +165,19 @@ func (sp *SocketPoint) await() (*ConnRequest, error) {
 		return sp.engineRequest()
 	}
 	return sp.kernelRequest()
+}
+
+// addressed checks the connection knows its addresses: net.FileConn reads
+// them once, and a socket passed while it was still connecting has none
+// for good, even once connected.
+func addressed(tc *net.TCPConn) error {
+	if ra, ok := tc.RemoteAddr().(*net.TCPAddr); !ok || ra == nil {
+		return fmt.Errorf("%w: not connected when it was passed", ErrSocketDown)
+	}
+	if la, ok := tc.LocalAddr().(*net.TCPAddr); !ok || la == nil {
+		return fmt.Errorf("%w: no local address when it was passed", ErrSocketDown)
+	}
+	return nil
 }
 
 // connected checks the socket has a peer and is ESTABLISHED (one the peer
@@ -314,8 +339,9 @@ func (sp *SocketPoint) engineRequest() (*ConnRequest, error) {
 	}
 	// The Request was whole in the kernel's queue: not a Request after
 	// all (the MPA layer ended the connection with its error).
-	_ = p.Do(func(*tcp.Stack, tcp.Time) { c.Abort() })
-	return nil, fmt.Errorf("%w: %v", ErrNotMPA, ec.llp.Err)
+	var why error
+	_ = p.Do(func(*tcp.Stack, tcp.Time) { why = ec.llp.Err; c.Abort() })
+	return nil, fmt.Errorf("%w: %v", ErrNotMPA, why)
 }
 
 // Takeovers count the connections the device took over from the kernel
@@ -460,6 +486,9 @@ func (q *QP) SocketConnect(ctx context.Context, tc *net.TCPConn, opts ConnectOpt
 	}
 	defer cancel()
 	if err := connected(rc); err != nil {
+		return fail(fmt.Errorf("socket connect: %w", err))
+	}
+	if err := addressed(tc); err != nil {
 		return fail(fmt.Errorf("socket connect: %w", err))
 	}
 	raddr := tc.RemoteAddr().String()

@@ -91,7 +91,7 @@ func (p *Poller) inputFrame(now tcp.Time, pkt []byte, handed bool) {
 	id := tcp.FourTuple{LocalAddr: ip.Dst(), RemoteAddr: ip.Src(), LocalPort: t.DstPort(), RemotePort: t.SrcPort()}
 	if len(p.held) > 0 {
 		if h := p.held[id]; h != nil {
-			h.keep(pkt) // a connection being taken over: for Import
+			h.keep(pkt) // a connection being taken over: for Import (or given back: dropped)
 			return
 		}
 	}

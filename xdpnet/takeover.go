@@ -7,8 +7,9 @@ import (
 	"net/netip"
 	"time"
 
-	"github.com/softrnic/softrnic/internal/repair"
+	"golang.org/x/sys/unix"
 
+	"github.com/softrnic/softrnic/internal/repair"
 	"github.com/softrnic/softrnic/tcp"
 )
 
@@ -25,6 +26,11 @@ type heldFlow struct {
 	frames  [][]byte
 	octets  int
 	dropped int
+	// released: Unhold gave the flow back to the kernel, and frames
+	// that were already on their way here are dropped (the peer
+	// retransmits them to the kernel) rather than met by the Stack,
+	// which knows no connection for them and would reset it.
+	released bool
 }
 
 // Bounds of what a held flow keeps: a handover takes milliseconds.
@@ -34,6 +40,9 @@ const (
 )
 
 func (h *heldFlow) keep(frame []byte) {
+	if h.released {
+		return
+	}
 	if len(h.frames) >= maxHeldFrames || h.octets+len(frame) > maxHeldOctets {
 		h.dropped++
 		return
@@ -54,7 +63,7 @@ func (p *Poller) Hold(id tcp.FourTuple) error {
 	}
 	var err error
 	if derr := p.Do(func(s *tcp.Stack, _ tcp.Time) {
-		if p.held[id] != nil || p.flows[id] != nil || s.Lookup(id) != nil {
+		if h := p.held[id]; (h != nil && !h.released) || p.flows[id] != nil || s.Lookup(id) != nil {
 			err = fmt.Errorf("xdpnet: hold %v: %w", id, ErrHeld)
 			return
 		}
@@ -72,22 +81,38 @@ func (p *Poller) Hold(id tcp.FourTuple) error {
 
 // Unhold stops holding id: the steering goes, and so do the segments held
 // (the kernel, which has the connection again, gets their
-// retransmissions).
+// retransmissions). Frames already on their way to the poller are
+// dropped for a while (unheldGrace) instead of being reset.
 func (p *Poller) Unhold(id tcp.FourTuple) error {
 	var err error
+	var h *heldFlow
 	if derr := p.Do(func(*tcp.Stack, tcp.Time) {
-		if p.held[id] == nil {
+		if h = p.held[id]; h == nil || h.released {
 			err = fmt.Errorf("xdpnet: unhold %v: not held", id)
 			return
 		}
-		delete(p.held, id)
+		h.released, h.frames, h.octets = true, nil, 0
 		p.cfg.Group.clearOwner(id, p)
 		err = p.steering.RemoveFlow(bpfFlow(id))
 	}); derr != nil {
 		return derr
 	}
+	if h != nil && h.released {
+		time.AfterFunc(unheldGrace, func() {
+			p.Async(func() {
+				if p.held[id] == h {
+					delete(p.held, id)
+				}
+			})
+		})
+	}
 	return err
 }
+
+// unheldGrace is how long frames of a flow given back to the kernel are
+// dropped: those already in the AF_XDP ring or another poller's hand-off
+// ring when its steering went.
+const unheldGrace = time.Second
 
 // ImportStats say what an Import carried.
 type ImportStats struct {
@@ -109,7 +134,7 @@ func (p *Poller) Import(st tcp.Imported, h tcp.Handler) (c *tcp.Conn, stats Impo
 	id := st.ID
 	if derr := p.Do(func(s *tcp.Stack, now tcp.Time) {
 		hf := p.held[id]
-		if hf == nil {
+		if hf == nil || hf.released {
 			err = fmt.Errorf("xdpnet: import %v: not held", id)
 			return
 		}
@@ -120,7 +145,7 @@ func (p *Poller) Import(st tcp.Imported, h tcp.Handler) (c *tcp.Conn, stats Impo
 		f := &flow{id: id, added: now, seen: true}
 		// The kernel socket is gone: a bind keeps its port from a new
 		// one that would reuse the 4-tuple.
-		if fd, _, rerr := reservePort(p.cfg.Addr, id.LocalPort); rerr == nil {
+		if fd, rerr := reserveImported(p.cfg.Addr, id.LocalPort); rerr == nil {
 			f.reserve, f.reserveFD = fd, true
 		}
 		p.addFlow(f)
@@ -251,4 +276,29 @@ func (p *Poller) TakeOver(tc *net.TCPConn, h tcp.Handler) (*tcp.Conn, TakeoverSt
 	stats = TakeoverStats{Duration: time.Since(start), Send: len(st.Send), InFlight: st.SndNxt.Sub(st.SndUna),
 		Unread: len(st.Unread), TSVal: st.TSVal, ImportStats: imp}
 	return c, stats, nil
+}
+
+// reserveImported binds a kernel socket to an imported connection's local
+// port, so that the kernel's choice of a port for a new connect() passes
+// it over (a port with a bound socket is never an ephemeral pick), and
+// the 4-tuple the engine now has cannot come back in the kernel. Unlike a
+// listener's reservation it neither listens nor keeps SO_REUSEADDR
+// sockets out: the port may be an application's service port, which the
+// application must be able to listen on again (with SO_REUSEADDR, as Go's
+// net.Listen has). A port a listener holds cannot be bound; the listener
+// keeps it as well.
+func reserveImported(addr netip.Addr, port uint16) (int, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, err
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: addr.As4(), Port: int(port)}); err != nil {
+		unix.Close(fd)
+		return -1, err
+	}
+	return fd, nil
 }

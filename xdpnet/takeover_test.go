@@ -115,6 +115,7 @@ func (r *round) connect(t *testing.T, tp *topology.Pair, port uint16) {
 // runRound streams both ways, hands B's side to the engine with octets
 // queued in every place, and checks both streams whole.
 func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
+	tp := e.tp
 	t.Helper()
 	// A writes its whole stream at once; it blocks while B does not
 	// read, so that A's octets are in flight and in B's receive queue
@@ -235,6 +236,20 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 	}
 	if err := <-aRead; err != nil {
 		t.Fatalf("round %d: %v", r.n, err)
+	}
+	if !r.bActive {
+		// B's port was its application's listener's (closed by now):
+		// the reservation that keeps it from the kernel's new
+		// connections must let the application listen there again.
+		if err := tp.B.Do(func() error {
+			ln, err := net.Listen("tcp4", r.local.String())
+			if err == nil {
+				ln.Close()
+			}
+			return err
+		}); err != nil {
+			t.Errorf("round %d: B's application cannot listen on its port again after the handover: %v", r.n, err)
+		}
 	}
 	if err := <-aWrote; err != nil {
 		t.Fatalf("round %d: A's write: %v", r.n, err)
@@ -749,4 +764,65 @@ func mptcpPair(tp *topology.Pair, port uint16) (a, b *net.TCPConn, err error) {
 		return nil, nil, err
 	}
 	return a, c.(*net.TCPConn), nil
+}
+
+// TestHoldAndGiveBack: a flow held and given back before any drop (the
+// path of a takeover that fails after steering) goes on in the kernel:
+// A's segments sent while it was held, and those still on their way
+// when it is given back, are dropped rather than reset, and A's
+// retransmissions reach B's kernel. Repair mode entered and left keeps
+// the socket's SO_REUSEADDR.
+func TestHoldAndGiveBack(t *testing.T) {
+	e := start(t, bpf.ModeGeneric, tcp.Options{})
+	tp := e.tp
+	before, _ := tp.B.Counters()
+	r := &round{n: 0, bActive: true}
+	r.connect(t, tp, 20700)
+	defer r.aConn.Close()
+	defer r.bConn.Close()
+	id := tcp.FourTuple{LocalAddr: r.local.Addr(), RemoteAddr: r.remote.Addr(), LocalPort: r.local.Port(), RemotePort: r.remote.Port()}
+	if err := e.p.Hold(id); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := r.bConn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR, 1) })
+	s, err := repair.Enter(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := make([]byte, 200<<10)
+	sim.FillPattern(seedA, 0, msg)
+	go func() { _, _ = r.aConn.Write(msg) }()
+	time.Sleep(20 * time.Millisecond) // A's first segments are held
+	if err := s.Abandon(); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.p.Unhold(id); err != nil {
+		t.Fatal(err)
+	}
+	var reuse int
+	_ = rc.Control(func(fd uintptr) { reuse, _ = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_REUSEADDR) })
+	if reuse != 1 {
+		t.Errorf("SO_REUSEADDR %d after repair mode, want 1", reuse)
+	}
+	got := make([]byte, len(msg))
+	_ = r.bConn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.ReadFull(r.bConn, got); err != nil {
+		t.Fatalf("B's kernel after the give-back: %v", err)
+	}
+	for i := range got {
+		if got[i] != msg[i] {
+			t.Fatalf("B's stream differs at %d", i)
+		}
+	}
+	if _, err := r.bConn.Write([]byte("and back")); err != nil {
+		t.Fatal(err)
+	}
+	after, _ := tp.B.Counters()
+	if st := e.p.Stats(); after["Tcp:OutRsts"] != before["Tcp:OutRsts"] {
+		t.Errorf("B's kernel sent %d RSTs (poller %+v)", after["Tcp:OutRsts"]-before["Tcp:OutRsts"], st)
+	}
 }

@@ -93,6 +93,10 @@ type Socket struct {
 	rc syscall.RawConn
 	// repairing: TCP_REPAIR is on.
 	repairing bool
+	// reuse is SO_REUSEADDR before repair mode, which leaving it
+	// clears (the kernel sets sk_reuse to SK_NO_REUSE): Abandon puts it
+	// back on a socket that goes back to its application.
+	reuse int
 }
 
 // control runs f on the descriptor.
@@ -180,6 +184,7 @@ func Enter(rc syscall.RawConn) (*Socket, error) {
 	}
 	s := &Socket{rc: rc}
 	err := s.control(func(fd int) error {
+		s.reuse, _ = unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR)
 		return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, unix.TCP_REPAIR_ON)
 	})
 	switch {
@@ -346,7 +351,10 @@ func (s *Socket) Abandon() error {
 	s.repairing = false
 	return s.control(func(fd int) error {
 		_ = unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, noQueue)
-		return unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, unix.TCP_REPAIR_OFF_NO_WP)
+		if err := unix.SetsockoptInt(fd, unix.IPPROTO_TCP, unix.TCP_REPAIR, unix.TCP_REPAIR_OFF_NO_WP); err != nil {
+			return err
+		}
+		return unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, s.reuse)
 	})
 }
 
