@@ -238,13 +238,7 @@ func TestSSPRequestAlreadyQueued(t *testing.T) {
 		t.Fatalf("private data %q", info.PrivateData)
 	}
 	must(t, ev.CR.Accept(sep, nil))
-	if ev := wait(t, cli.conn); ev.Conn != client.Established {
-		t.Fatalf("client: %+v", ev)
-	}
-	if ev := wait(t, server.conn); ev.Conn != client.Established {
-		t.Fatalf("server: %+v", ev)
-	}
-	rdmaEverything(t, server, cli, sep, cep)
+	establishedThenEverything(t, server, cli, sep, cep)
 }
 
 func inq(t *testing.T, c *net.TCPConn) int {
@@ -608,6 +602,13 @@ func TestSSPAcceptNeedsAReceive(t *testing.T) {
 	}
 	must(t, sep.PostRecv(1, []client.Segment{{LMR: server.lmr, Offset: 0, Length: 4096}}))
 	must(t, ev.CR.Accept(sep, nil))
+	establishedThenEverything(t, server, cli, sep, cep)
+}
+
+// establishedThenEverything waits for ESTABLISHED on both sides, then runs
+// every operation on the pair.
+func establishedThenEverything(t *testing.T, server, cli *app, sep, cep *client.EP) {
+	t.Helper()
 	if ev := wait(t, cli.conn); ev.Conn != client.Established {
 		t.Fatalf("client: %+v", ev)
 	}

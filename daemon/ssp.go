@@ -76,18 +76,27 @@ func (s *session) takeSocket(fds []*os.File) (*net.TCPConn, error) {
 	return tc, nil
 }
 
-func (s *session) createSSP(req *ctl.CreateSSP, fds []*os.File) (any, []*os.File, error) {
+// switchableSocket is takeSocket, and on the xdp datapath CheckSocket:
+// can the connection be taken over? Called before the session's lock, as
+// CheckSocket may wait on the neighbour table. A socket that is not
+// connected passes: an SSP of it reports SOCKET_DOWN, a SocketConnect on
+// it fails as an event, NON_PEER_REJECTED.
+func (s *session) switchableSocket(fds []*os.File) (*net.TCPConn, error) {
 	tc, err := s.takeSocket(fds)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	// On the xdp datapath: can the connection be taken over? Asked
-	// before the session's lock, as it may wait on the neighbour table.
-	// (A socket that is not connected makes an SSP that reports
-	// SOCKET_DOWN.)
 	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
 		tc.Close()
-		return nil, nil, socketError(err)
+		return nil, socketError(err)
+	}
+	return tc, nil
+}
+
+func (s *session) createSSP(req *ctl.CreateSSP, fds []*os.File) (any, []*os.File, error) {
+	tc, err := s.switchableSocket(fds)
+	if err != nil {
+		return nil, nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -236,17 +245,9 @@ func socketError(err error) error {
 
 // socketConnect is Connect over the socket passed with the request.
 func (s *session) socketConnect(req *ctl.SocketConnect, fds []*os.File) (any, []*os.File, error) {
-	tc, err := s.takeSocket(fds)
+	tc, err := s.switchableSocket(fds)
 	if err != nil {
 		return nil, nil, err
-	}
-	// On the xdp datapath: can the connection be taken over? Asked
-	// before the session's lock, as it may wait on the neighbour table.
-	// (A socket that is not connected fails as an event,
-	// NON_PEER_REJECTED.)
-	if err := s.srv.dev.CheckSocket(tc); err != nil && !errors.Is(err, repair.ErrNotConnected) {
-		tc.Close()
-		return nil, nil, socketError(err)
 	}
 	s.mu.Lock()
 	refuse := func(err error) (any, []*os.File, error) {
