@@ -335,6 +335,27 @@ type ConnRequest struct {
 	LocalAddr   *net.TCPAddr
 }
 
+// newRequest makes the connection request of the peer's MPA Request f on
+// kc (kernel datapath) or ec (xdp datapath), the connection's own until
+// answered, with the consumer's answer timed by l's RequestTimeout (a
+// rejection when it runs out).
+func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *ConnRequest {
+	cr := &ConnRequest{l: l, kc: kc, ec: ec, PrivateData: clone(f.PrivateData)}
+	if kc != nil {
+		cr.RemoteAddr, cr.LocalAddr = kc.nc.RemoteAddr().(*net.TCPAddr), kc.nc.LocalAddr().(*net.TCPAddr)
+		kc.req = cr
+	} else {
+		id := ec.id
+		cr.RemoteAddr = &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)}
+		cr.LocalAddr = &net.TCPAddr{IP: id.LocalAddr.AsSlice(), Port: int(id.LocalPort)}
+		ec.req = cr
+	}
+	cr.mu.Lock()
+	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+	cr.mu.Unlock()
+	return cr
+}
+
 // ErrAnswered: the request was already accepted, rejected or timed out.
 var ErrAnswered = errors.New("rnic: connection request already answered")
 

@@ -418,14 +418,7 @@ func (l *Listener) engineRequest(ec *engineConn, f *mpa.Frame) {
 		ec.reqTimer.Stop()
 		ec.reqTimer = nil
 	}
-	id := ec.id
-	cr := &ConnRequest{l: l, ec: ec, PrivateData: clone(f.PrivateData),
-		RemoteAddr: &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)},
-		LocalAddr:  &net.TCPAddr{IP: id.LocalAddr.AsSlice(), Port: int(id.LocalPort)}}
-	ec.req = cr
-	cr.mu.Lock()
-	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
-	cr.mu.Unlock()
+	cr := l.newRequest(nil, ec, f)
 	select {
 	case <-l.done:
 		ec.llp.Reject(nil)

@@ -775,12 +775,7 @@ func (l *Listener) kernelRequest(kc *kernelConn, f *mpa.Frame) {
 	// The consumer's answer is timed by the request's timer; the
 	// initiator may not speak before our Reply.
 	_ = kc.nc.SetReadDeadline(time.Time{})
-	cr := &ConnRequest{l: l, kc: kc, PrivateData: clone(f.PrivateData),
-		RemoteAddr: kc.nc.RemoteAddr().(*net.TCPAddr), LocalAddr: kc.nc.LocalAddr().(*net.TCPAddr)}
-	kc.req = cr
-	cr.mu.Lock()
-	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
-	cr.mu.Unlock()
+	cr := l.newRequest(kc, nil, f)
 	select {
 	case <-l.done:
 	default:

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"os"
 	"sync"
 	"syscall"
@@ -270,15 +269,7 @@ func (sp *SocketPoint) kernelRequest() (*ConnRequest, error) {
 		return nil, fmt.Errorf("%w: %v", ErrSocketDown, err)
 	}
 	got := make(chan *ConnRequest, 1)
-	kc.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) {
-		cr := &ConnRequest{l: sp.l, kc: kc, PrivateData: clone(f.PrivateData),
-			RemoteAddr: kc.nc.RemoteAddr().(*net.TCPAddr), LocalAddr: kc.nc.LocalAddr().(*net.TCPAddr)}
-		kc.req = cr
-		cr.mu.Lock()
-		cr.timer = time.AfterFunc(sp.l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
-		cr.mu.Unlock()
-		got <- cr
-	}
+	kc.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) { got <- sp.l.newRequest(kc, nil, f) }
 	// The Request is in the socket already: a moment is plenty.
 	_ = sp.nc.SetReadDeadline(time.Now().Add(DefaultMPATimeout))
 	kc.start()
@@ -305,7 +296,7 @@ func (sp *SocketPoint) kernelRequest() (*ConnRequest, error) {
 // connection to the QP's poller, as any passive connection.
 func (sp *SocketPoint) engineRequest() (*ConnRequest, error) {
 	p := sp.dev.xdp.pollers[0]
-	id, err := fourTuple(sp.nc)
+	id, err := xdpnet.TupleOf(sp.nc)
 	if err != nil {
 		sp.abort()
 		return nil, fmt.Errorf("%w: %v", ErrSocketDown, err)
@@ -314,16 +305,7 @@ func (sp *SocketPoint) engineRequest() (*ConnRequest, error) {
 	ec.id = id
 	got := make(chan *ConnRequest, 1)
 	// On the loop, inside TakeOver's Import.
-	ec.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) {
-		cr := &ConnRequest{l: sp.l, ec: ec, PrivateData: clone(f.PrivateData),
-			RemoteAddr: &net.TCPAddr{IP: id.RemoteAddr.AsSlice(), Port: int(id.RemotePort)},
-			LocalAddr:  &net.TCPAddr{IP: id.LocalAddr.AsSlice(), Port: int(id.LocalPort)}}
-		ec.req = cr
-		cr.mu.Lock()
-		cr.timer = time.AfterFunc(sp.l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
-		cr.mu.Unlock()
-		got <- cr
-	}
+	ec.llp.OnRequest = func(_ *mpaConn, f *mpa.Frame) { got <- sp.l.newRequest(nil, ec, f) }
 	c, stats, err := p.TakeOver(sp.nc, ec)
 	if err != nil {
 		// Refused after CheckSocket passed (the connection changed
@@ -365,18 +347,6 @@ func (d *Device) noteTakeover(s xdpnet.TakeoverStats) {
 	d.takeMu.Unlock()
 }
 
-// fourTuple is a kernel connection's addresses as the engine's.
-func fourTuple(tc *net.TCPConn) (tcp.FourTuple, error) {
-	la, ok1 := tc.LocalAddr().(*net.TCPAddr)
-	ra, ok2 := tc.RemoteAddr().(*net.TCPAddr)
-	if !ok1 || !ok2 || la == nil || ra == nil {
-		return tcp.FourTuple{}, errors.New("no addresses")
-	}
-	l, _ := netip.AddrFromSlice(la.IP.To4())
-	r, _ := netip.AddrFromSlice(ra.IP.To4())
-	return tcp.FourTuple{LocalAddr: l, RemoteAddr: r, LocalPort: uint16(la.Port), RemotePort: uint16(ra.Port)}, nil
-}
-
 // CheckSocket says whether a connection given for stream → RDMA can be
 // switched on this device, before anything is done to it: on the xdp
 // datapath, whether it can be taken over from the kernel (IPv4 TCP,
@@ -395,7 +365,7 @@ func (d *Device) CheckSocket(tc *net.TCPConn) error {
 	if err := connected(rc); err != nil {
 		return fmt.Errorf("%w: %w", repair.ErrNotConnected, err)
 	}
-	id, err := fourTuple(tc)
+	id, err := xdpnet.TupleOf(tc)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrInvalidParam, err)
 	}
@@ -506,7 +476,7 @@ func (q *QP) SocketConnect(ctx context.Context, tc *net.TCPConn, opts ConnectOpt
 // engine sends the MPA Request at once, as after its own handshake.
 func (q *QP) socketConnectEngine(ctx context.Context, tc *net.TCPConn, raddr string, cfg mpa.Config,
 	fail func(error) ([]byte, error)) ([]byte, error) {
-	id, err := fourTuple(tc)
+	id, err := xdpnet.TupleOf(tc)
 	if err != nil {
 		return fail(fmt.Errorf("socket connect: %w: %v", ErrInvalidParam, err))
 	}

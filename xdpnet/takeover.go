@@ -222,21 +222,17 @@ func (p *Poller) TakeOver(tc *net.TCPConn, h tcp.Handler) (*tcp.Conn, TakeoverSt
 	if err := repair.Check(rc); err != nil {
 		return nil, stats, err
 	}
-	la, ok1 := tc.LocalAddr().(*net.TCPAddr)
-	ra, ok2 := tc.RemoteAddr().(*net.TCPAddr)
-	if !ok1 || !ok2 || la == nil || ra == nil {
-		return nil, stats, fmt.Errorf("%w: no addresses", repair.ErrRefused)
-	}
-	local, _ := netip.AddrFromSlice(la.IP.To4())
-	remote, _ := netip.AddrFromSlice(ra.IP.To4())
-	if local != p.cfg.Addr {
-		return nil, stats, fmt.Errorf("%w: the connection's address %v is not the RNIC's (%v): its packets do not arrive on %s",
-			repair.ErrRefused, local, p.cfg.Addr, p.cfg.Interface)
-	}
-	if err := p.Reachable(remote, time.Second); err != nil {
+	id, err := TupleOf(tc)
+	if err != nil {
 		return nil, stats, fmt.Errorf("%w: %v", repair.ErrRefused, err)
 	}
-	id := tcp.FourTuple{LocalAddr: local, RemoteAddr: remote, LocalPort: uint16(la.Port), RemotePort: uint16(ra.Port)}
+	if id.LocalAddr != p.cfg.Addr {
+		return nil, stats, fmt.Errorf("%w: the connection's address %v is not the RNIC's (%v): its packets do not arrive on %s",
+			repair.ErrRefused, id.LocalAddr, p.cfg.Addr, p.cfg.Interface)
+	}
+	if err := p.Reachable(id.RemoteAddr, time.Second); err != nil {
+		return nil, stats, fmt.Errorf("%w: %v", repair.ErrRefused, err)
+	}
 	start := time.Now()
 	if err := p.Hold(id); err != nil {
 		return nil, stats, err
@@ -301,4 +297,18 @@ func reserveImported(addr netip.Addr, port uint16) (int, error) {
 		return -1, err
 	}
 	return fd, nil
+}
+
+// TupleOf is a kernel TCP connection's addresses as the engine's 4-tuple;
+// an error when it has none (a socket that was not connected when its
+// net.TCPConn was made).
+func TupleOf(tc *net.TCPConn) (tcp.FourTuple, error) {
+	la, ok1 := tc.LocalAddr().(*net.TCPAddr)
+	ra, ok2 := tc.RemoteAddr().(*net.TCPAddr)
+	if !ok1 || !ok2 || la == nil || ra == nil {
+		return tcp.FourTuple{}, errors.New("no addresses")
+	}
+	l, _ := netip.AddrFromSlice(la.IP.To4())
+	r, _ := netip.AddrFromSlice(ra.IP.To4())
+	return tcp.FourTuple{LocalAddr: l, RemoteAddr: r, LocalPort: uint16(la.Port), RemotePort: uint16(ra.Port)}, nil
 }
