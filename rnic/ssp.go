@@ -193,7 +193,7 @@ func connected(rc syscall.RawConn) error {
 			err = fmt.Errorf("%w: TCP_INFO: %v", ErrSocketDown, e)
 			return
 		}
-		if info.State != 1 { // ESTABLISHED
+		if info.State != repair.Established {
 			err = fmt.Errorf("%w: TCP state %s", ErrSocketDown, repair.StateName(info.State))
 		}
 	})
@@ -231,7 +231,7 @@ func (sp *SocketPoint) peekRequest() error {
 		case errors.Is(e, mpa.ErrShortFrame):
 			// More to come, unless the peer closed or reset: a peek
 			// gives the same octets again whatever came after them.
-			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil && info.State != 1 {
+			if info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO); err == nil && info.State != repair.Established {
 				perr = fmt.Errorf("%w: the peer ended the connection after %d octets of an MPA Request (TCP %s)",
 					ErrSocketDown, n, repair.StateName(info.State))
 				return true

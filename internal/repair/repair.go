@@ -130,8 +130,8 @@ func Check(rc syscall.RawConn) error {
 			return fmt.Errorf("%w: %v", ErrRefused, err)
 		}
 		switch in.state {
-		case 1:
-		case 7: // CLOSE: never connected, or its connection is gone
+		case Established:
+		case stateClose:
 			return ErrNotConnected
 		default:
 			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, StateName(in.state))
@@ -164,6 +164,12 @@ func Check(rc syscall.RawConn) error {
 		return nil
 	})
 }
+
+// Linux TCP states (include/net/tcp_states.h) that matter here.
+const (
+	Established = 1
+	stateClose  = 7 // never connected, or its connection is gone
+)
 
 // StateName names a Linux TCP state (include/net/tcp_states.h), as
 // TCP_INFO gives it.
@@ -227,7 +233,7 @@ func (s *Socket) readOnce() (st tcp.Imported, err error) {
 		if err != nil {
 			return err
 		}
-		if in.state != 1 {
+		if in.state != Established {
 			return fmt.Errorf("%w: state %s, not ESTABLISHED", ErrRefused, StateName(in.state))
 		}
 		local, err := unix.Getsockname(fd)
