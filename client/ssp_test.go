@@ -292,9 +292,7 @@ func TestSSPSocketDown(t *testing.T) {
 	sock, _ := startDaemon(t)
 	server := newApp(t, sock, "server")
 
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	must(t, err)
-	unconnected := os.NewFile(uintptr(fd), "unconnected")
+	unconnected := unconnectedSocket(t)
 	sep := server.ep(t)
 	ssp, err := server.ia.CreateSSP(unconnected, sep, server.cr, nil)
 	must(t, err)
@@ -446,9 +444,7 @@ func TestSSPErrors(t *testing.T) {
 func TestSocketConnectNotConnected(t *testing.T) {
 	sock, _ := startDaemon(t)
 	cli := newApp(t, sock, "client")
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
-	must(t, err)
-	f := os.NewFile(uintptr(fd), "unconnected")
+	f := unconnectedSocket(t)
 	cep := cli.ep(t)
 	must(t, cep.PostRecv(2, []client.Segment{{LMR: cli.lmr, Offset: 0, Length: 4096}}))
 	must(t, cep.SocketConnect(f, 5*time.Second, nil))
@@ -616,4 +612,12 @@ func establishedThenEverything(t *testing.T, server, cli *app, sep, cep *client.
 		t.Fatalf("server: %+v", ev)
 	}
 	rdmaEverything(t, server, cli, sep, cep)
+}
+
+// unconnectedSocket is a TCP socket that was never connected, as a file.
+func unconnectedSocket(t *testing.T) *os.File {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, unix.IPPROTO_TCP)
+	must(t, err)
+	return os.NewFile(uintptr(fd), "unconnected")
 }
