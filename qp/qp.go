@@ -628,3 +628,17 @@ func (r *ring[T]) pop() {
 	r.head = int32((int(r.head) + 1) % len(r.buf))
 	r.n--
 }
+
+// Waiting reports whether the QP waits on the wire: its Reads or atomics
+// await responses, it owes responses, or posted sends are not complete.
+func (q *QP) Waiting() bool {
+	return (q.state == RTS || q.state == Closing) && (q.orq.len() > 0 || q.irq.len() > 0 || q.sq.len() > 0)
+}
+
+// Diag describes the QP's queues for a stall report.
+func (q *QP) Diag() string {
+	return fmt.Sprintf("qp %d %v sq=%d untransmitted=%d rq=%d orq=%d irq=%d ird=%d ord=%d tx=%d sent=%d hold=%v rtr=%v term=%v msn send=%d read=%d expected send=%d read=%d",
+		q.cfg.QPN, q.state, q.sq.len(), q.sq.len()-q.txSQ, q.rq.len(), q.orq.len(), q.irq.len(), q.ird, q.ord,
+		q.txPos, q.sentPos, q.holdTx, q.rtr, q.term != nil && !q.termDone,
+		q.sendMSN, q.readMSN, q.expSend, q.expRead)
+}

@@ -521,3 +521,23 @@ func (ec *engineConn) addrs() (string, string) {
 	id := ec.id
 	return netip.AddrPortFrom(id.LocalAddr, id.LocalPort).String(), netip.AddrPortFrom(id.RemoteAddr, id.RemotePort).String()
 }
+
+// Waiting and Diag make the connection's QP part of the poller's stall
+// report (xdpnet.Waiter); on the loop.
+func (ec *engineConn) Waiting() bool {
+	if ec.dead || ec.q == nil || !ec.llp.Ready() {
+		return false
+	}
+	ec.lock()
+	defer ec.unlock()
+	return ec.llp.qp.Waiting()
+}
+
+func (ec *engineConn) Diag() string {
+	if ec.dead || ec.q == nil || !ec.llp.Ready() {
+		return fmt.Sprintf("mpa ready=%v err=%v", ec.llp.Ready(), ec.llp.Err)
+	}
+	ec.lock()
+	defer ec.unlock()
+	return ec.llp.qp.Diag()
+}

@@ -174,6 +174,9 @@ func (c *Conn) Err() error { return c.err }
 // SetHandler sets the consumer (for accepted connections).
 func (c *Conn) SetHandler(h Handler) { c.h = h }
 
+// Handler returns the consumer.
+func (c *Conn) Handler() Handler { return c.h }
+
 // MSS is the payload size of a full segment.
 func (c *Conn) MSS() int { return c.mss }
 

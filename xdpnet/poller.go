@@ -190,6 +190,10 @@ type Config struct {
 	// operator (each at most once per poller): segments with bad TCP
 	// checksums, the sign of a peer sending with offloads on.
 	Warn func(msg string)
+	// ConnStallAfter is how long a connection may wait on the wire with
+	// nothing acknowledged or received before Warn is told of it with
+	// its state (default 10 s; see checkConn).
+	ConnStallAfter time.Duration
 	// Group, when not nil, is the group of pollers of the interface this
 	// one joins (see Group).
 	Group *Group

@@ -30,6 +30,13 @@ type flow struct {
 	// local port (reserveFD), if one could be bound.
 	reserve   int
 	reserveFD bool
+	// The stall check (connStalled): what the connection had moved to
+	// when the sweep last saw it move, when that was, and whether this
+	// episode was reported.
+	una         tcp.Seq
+	in          uint64
+	movedAt     tcp.Time
+	stallReport bool
 }
 
 // listen is a port the poller listens on.
@@ -454,8 +461,9 @@ func (p *Poller) sweep(now tcp.Time) {
 			i = 0
 		}
 		f := p.flowList[i]
-		if p.stack.Lookup(f.id) != nil {
+		if c := p.stack.Lookup(f.id); c != nil {
 			f.seen = true
+			p.checkConn(now, f, c)
 			i++
 			continue
 		}

@@ -1,8 +1,11 @@
 package xdpnet
 
 import (
+	"fmt"
 	"sync"
 	"time"
+
+	"github.com/softrnic/softrnic/tcp"
 )
 
 // stallWatch is CheckStall's view of the loop: the heartbeat it last saw
@@ -50,4 +53,56 @@ func (p *Poller) CheckStall(now time.Time, after time.Duration) bool {
 // goroutine.
 func (p *Poller) idle() bool {
 	return p.sleeping.Load() && len(p.calls) == 0 && p.asyncPending.Load() == 0 && !p.handedWaiting()
+}
+
+// defaultConnStallAfter is how long a connection may wait on the wire with
+// nothing acknowledged and nothing received before Config.Warn is told,
+// once per episode, with the connection's state. Recovery on a lossy link
+// takes seconds at most (RTOs back off from 200 ms); a connection that
+// waits longer has lost its peer or is stuck.
+const defaultConnStallAfter = 10 * time.Second
+
+// Waiter is implemented by a connection's tcp.Handler whose protocol can
+// wait on the peer while TCP is idle (an RDMA Read awaiting its response):
+// Waiting says it does, Diag describes the protocol's state. Both run on
+// the loop.
+type Waiter interface {
+	Waiting() bool
+	Diag() string
+}
+
+// checkConn is the sweep's stall check of one connection: one that is
+// Busy, or whose handler is Waiting, and whose acknowledged and received
+// octets have not moved for Config.ConnStallAfter is reported with its state.
+func (p *Poller) checkConn(now tcp.Time, f *flow, c *tcp.Conn) {
+	una, in := c.Progress()
+	if una != f.una || in != f.in || f.movedAt == 0 {
+		f.una, f.in, f.movedAt, f.stallReport = una, in, now, false
+		return
+	}
+	w, _ := c.Handler().(Waiter)
+	if !c.Busy() && (w == nil || !w.Waiting()) {
+		// Idle is not stalled: the clock starts, and a new episode
+		// with it, at the next wait.
+		f.movedAt, f.stallReport = now, false
+		return
+	}
+	after := p.cfg.ConnStallAfter
+	if after <= 0 {
+		after = defaultConnStallAfter
+	}
+	if f.stallReport || now-f.movedAt < tcp.Time(after) {
+		return
+	}
+	f.stallReport = true
+	p.stats.ConnStalls++
+	if p.cfg.Warn == nil {
+		return
+	}
+	msg := fmt.Sprintf("%s queue %d: connection stalled for %v: tcp %s", p.cfg.Interface, p.cfg.Queue,
+		now.Sub(f.movedAt).Round(time.Millisecond), c.Diag(now))
+	if w != nil {
+		msg += "; " + w.Diag()
+	}
+	p.cfg.Warn(msg)
 }

@@ -44,6 +44,10 @@ type Stats struct {
 	Stalls uint64
 	// Flows and Listens currently registered with the steering program.
 	Flows, Listens int
+	// ConnStalls: episodes in which a connection waited on the wire
+	// with nothing acknowledged or received for Config.ConnStallAfter, each
+	// reported to Config.Warn.
+	ConnStalls uint64
 	// Ports: local ports held for active connections, each by one
 	// kernel socket (shared by the pollers of a Group: see portTable).
 	Ports int
