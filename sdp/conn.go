@@ -1,0 +1,540 @@
+package sdp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/completion"
+)
+
+// Per connection: recvBufs receives of bufSize octets posted, sendBufs
+// send buffers of the same size. A message carries at most bufSize −
+// BSDHLen octets of data (and no more than the peer's buffers hold).
+const (
+	bufSize  = 64 << 10
+	recvBufs = 16
+	sendBufs = 16
+	// reserve credits are kept for messages without data: data never
+	// takes the last two (ib_sdp's SDP_MIN_TX_CREDITS).
+	reserve = 2
+)
+
+// Conn is an SDP connection: a net.Conn whose octets travel as RDMA
+// Sends. Its methods may be called from any goroutine.
+type Conn struct {
+	t      *transport
+	ep     *client.EP
+	evd    *client.EVD
+	buf    *client.Buffer
+	lmr    *client.LMR
+	local  net.Addr
+	remote net.Addr
+	// peerRcvSz is the size of each of the peer's receive buffers.
+	peerRcvSz int
+	cancel    context.CancelFunc
+	done      chan struct{} // the event goroutine ended
+
+	mu sync.Mutex
+	// changed is closed, and replaced, whenever anything a waiting Read,
+	// Write or Close looks at changes.
+	changed chan struct{}
+	// Send side: free send buffers (indexes), the next MSeq, and what
+	// the peer's latest message said (MSeqAck, Bufs).
+	free              []int
+	nextMSeq, peerAck uint32
+	peerBufs          uint16
+	sendsOut          int
+	// Receive side: the MSeq of the last message received; receives
+	// posted; the MSeqAck and Bufs our latest message carried; messages
+	// received and not yet read.
+	lastRecv         uint32
+	posted           int
+	advAck           uint32
+	advBufs          int
+	queue            []rxMsg
+	eof              bool // the peer's DisConn came (after the queued data)
+	wrClosed, closed bool
+	err              error // the connection is broken: reset, protocol error
+	rdDeadline       time.Time
+	wrDeadline       time.Time
+	stats            Stats
+}
+
+// Stats count what a connection did.
+type Stats struct {
+	MessagesSent, MessagesReceived uint64
+	CreditUpdatesSent              uint64
+	// MinCredits is the fewest credits the connection had to the peer
+	// after a send: never negative, by construction.
+	MinCredits int
+}
+
+// rxMsg is a received Data message not yet read: its buffer and the part
+// left.
+type rxMsg struct{ idx, off, end int }
+
+// newConn sets up what a connection needs before it connects: an EVD for
+// its completions and connection events, an EP, the buffers, registered,
+// and its receives posted.
+func newConn(t *transport) (*Conn, error) {
+	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), stats: Stats{MinCredits: -1}}
+	var err error
+	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
+		return nil, err
+	}
+	if c.buf, err = t.ia.Alloc((recvBufs + sendBufs) * bufSize); err != nil {
+		c.release()
+		return nil, err
+	}
+	if c.lmr, err = t.pz.RegisterLMR(c.buf, client.LocalWrite); err != nil {
+		c.release()
+		return nil, err
+	}
+	if c.ep, err = t.ia.CreateEP(client.EPAttr{PZ: t.pz, RecvEVD: c.evd, RequestEVD: c.evd, ConnectEVD: c.evd,
+		SQDepth: sendBufs + reserve + 2, RQDepth: recvBufs, IRD: 1, ORD: 1}); err != nil {
+		c.release()
+		return nil, err
+	}
+	for i := range recvBufs {
+		if err := c.ep.PostRecv(uint64(i), []client.Segment{c.seg(i, bufSize)}); err != nil {
+			c.release()
+			return nil, err
+		}
+	}
+	c.posted = recvBufs
+	for i := range sendBufs {
+		c.free = append(c.free, recvBufs+i)
+	}
+	return c, nil
+}
+
+func (c *Conn) seg(idx, n int) client.Segment {
+	return client.Segment{LMR: c.lmr, Offset: uint64(idx * bufSize), Length: uint32(n)}
+}
+
+func (c *Conn) bytes(idx int) []byte { return c.buf.Bytes[idx*bufSize : (idx+1)*bufSize] }
+
+// release frees what newConn made.
+func (c *Conn) release() {
+	if c.ep != nil {
+		_ = c.ep.Free()
+	}
+	if c.lmr != nil {
+		_ = c.lmr.Free()
+	}
+	if c.buf != nil {
+		_ = c.buf.Free()
+	}
+	if c.evd != nil {
+		_ = c.evd.Free()
+	}
+}
+
+// start runs the event goroutine of an established connection whose peer
+// posted peerBufs receives of peerRcvSz octets.
+func (c *Conn) start(peerBufs uint16, peerRcvSz int) {
+	c.peerBufs, c.peerRcvSz = peerBufs, peerRcvSz
+	c.nextMSeq = 1 // the Hello and HelloAck were MSeq 0
+	c.advBufs = recvBufs
+	ctx, cancel := context.WithCancel(context.Background())
+	c.cancel = cancel
+	go c.events(ctx)
+}
+
+// credits is what may be sent now (c.mu held).
+func (c *Conn) credits() int {
+	return int(int32(c.peerAck-c.nextMSeq)) + 1 + int(c.peerBufs)
+}
+
+// notify wakes every waiter (c.mu held).
+func (c *Conn) notify() {
+	close(c.changed)
+	c.changed = make(chan struct{})
+}
+
+// wait releases c.mu until something changes or the deadline passes, and
+// takes it again; false at the deadline.
+func (c *Conn) wait(deadline time.Time) bool {
+	ch := c.changed
+	c.mu.Unlock()
+	defer c.mu.Lock()
+	if deadline.IsZero() {
+		<-ch
+		return true
+	}
+	d := time.Until(deadline)
+	if d <= 0 {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// fail ends the connection with err, once (c.mu held).
+func (c *Conn) fail(err error) {
+	if c.err == nil {
+		c.err = err
+	}
+	c.notify()
+}
+
+// events is the connection's event goroutine: it takes the completions and
+// connection events off the EVD until Close.
+func (c *Conn) events(ctx context.Context) {
+	defer close(c.done)
+	for {
+		ev, err := c.evd.Wait(ctx)
+		if err != nil {
+			c.mu.Lock()
+			if ctx.Err() == nil {
+				c.fail(fmt.Errorf("sdp: %w", err))
+			}
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Lock()
+		switch ev.Type {
+		case client.DTOCompletion:
+			c.completion(ev)
+		case client.ConnectionEvent:
+			switch ev.Conn {
+			case client.Disconnected:
+				if !c.eof {
+					// The connection closed without a DisConn.
+					c.fail(syscall.ECONNRESET)
+				}
+			default:
+				c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Conn))
+			}
+			c.notify()
+		}
+		c.mu.Unlock()
+	}
+}
+
+// completion handles one DTO completion (c.mu held).
+func (c *Conn) completion(ev client.Event) {
+	// The cookie is the buffer's index: receives below recvBufs, sends
+	// above.
+	idx := int(ev.Cookie)
+	send := idx >= recvBufs && idx < recvBufs+sendBufs
+	if send {
+		c.free = append(c.free, idx)
+		c.sendsOut--
+		c.notify()
+	} else {
+		c.posted--
+	}
+	if ev.Status != completion.Success {
+		// Flushed at the end: after the peer's DisConn, or our Close,
+		// that is no error.
+		if c.err == nil && !c.closed && !c.eof {
+			c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Status))
+		}
+		return
+	}
+	if !send && ev.Opcode == completion.OpRecv {
+		c.received(idx, int(ev.Length))
+	}
+}
+
+// received handles the message in receive buffer idx (c.mu held).
+func (c *Conn) received(idx, n int) {
+	if idx < 0 || idx >= recvBufs {
+		c.abort(fmt.Errorf("sdp: a receive completed for buffer %d", idx))
+		return
+	}
+	msg := c.bytes(idx)[:n]
+	h, err := ParseBSDH(msg)
+	if err == nil && h.MSeq != c.lastRecv+1 {
+		err = fmt.Errorf("%w: MSeq %d after %d", ErrMalformed, h.MSeq, c.lastRecv)
+	}
+	if err != nil {
+		c.abort(err)
+		return
+	}
+	c.stats.MessagesReceived++
+	c.lastRecv = h.MSeq
+	// The peer's MSeqAck only moves forward; Bufs are as of its
+	// MSeqAck.
+	if int32(h.MSeqAck-c.peerAck) >= 0 {
+		c.peerAck, c.peerBufs = h.MSeqAck, h.Bufs
+	}
+	switch h.MID {
+	case MIDData:
+		if n > BSDHLen {
+			c.queue = append(c.queue, rxMsg{idx: idx, off: BSDHLen, end: n})
+			c.notify()
+			return
+		}
+		// A credit update: only the BSDH mattered.
+	case MIDDisConn:
+		c.eof = true
+	case MIDAbortConn:
+		c.fail(syscall.ECONNRESET)
+	case MIDSendSM, MIDSinkAvail, MIDSrcAvailCancel:
+		// We send no SrcAvail, so a SendSM or a cancel has nothing to
+		// end; a sink's advertised buffer (Write Zcopy) may be
+		// ignored: the data comes by Bcopy.
+	default:
+		c.abort(fmt.Errorf("sdp: %v is not supported", h.MID))
+		return
+	}
+	c.repost(idx)
+	c.notify()
+}
+
+// abort resets the connection: an AbortConn if a credit allows, then
+// the QP's abortive close (c.mu held).
+func (c *Conn) abort(why error) {
+	if c.err != nil {
+		return
+	}
+	if c.credits() >= 1 {
+		_ = c.sendControl(MIDAbortConn)
+	}
+	c.fail(fmt.Errorf("sdp: connection reset: %w", why))
+	_ = c.ep.Disconnect(false)
+}
+
+// repost gives receive buffer idx back to the peer and sends a credit
+// update if the peer has fewer than half our buffers to send into and
+// nothing of ours is about to tell it (c.mu held).
+func (c *Conn) repost(idx int) {
+	if c.err != nil || c.closed {
+		return
+	}
+	if err := c.ep.PostRecv(uint64(idx), []client.Segment{c.seg(idx, bufSize)}); err != nil {
+		c.fail(fmt.Errorf("sdp: repost: %w", err))
+		return
+	}
+	c.posted++
+	given := int(int32(c.advAck-c.lastRecv)) + c.advBufs
+	if given < recvBufs/2 && c.posted > given && c.credits() >= 1 && len(c.free) > 0 {
+		if c.sendControl(MIDData) == nil {
+			c.stats.CreditUpdatesSent++
+		}
+	}
+}
+
+// sendControl sends a message without data (c.mu held; a free buffer
+// and a credit there).
+func (c *Conn) sendControl(mid MID) error {
+	if len(c.free) == 0 {
+		return errors.New("sdp: no send buffer")
+	}
+	return c.send(mid, nil)
+}
+
+// send posts one message with data p (c.mu held; a credit and a free
+// buffer there).
+func (c *Conn) send(mid MID, p []byte) error {
+	idx := c.free[len(c.free)-1]
+	b := c.bytes(idx)
+	h := BSDH{MID: mid, Bufs: uint16(c.posted), Len: uint32(BSDHLen + len(p)), MSeq: c.nextMSeq, MSeqAck: c.lastRecv}
+	h.Put(b)
+	copy(b[BSDHLen:], p)
+	if err := c.ep.PostSend(uint64(idx), []client.Segment{c.seg(idx, int(h.Len))}, client.Signaled); err != nil {
+		return err
+	}
+	c.free = c.free[:len(c.free)-1]
+	c.sendsOut++
+	c.nextMSeq++
+	c.advAck, c.advBufs = c.lastRecv, c.posted
+	c.stats.MessagesSent++
+	if cr := c.credits(); c.stats.MinCredits < 0 || cr < c.stats.MinCredits {
+		c.stats.MinCredits = cr
+	}
+	return nil
+}
+
+// Read reads data the peer sent, as a TCP connection's Read.
+func (c *Conn) Read(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for {
+		switch {
+		case c.closed:
+			return 0, c.opErr("read", net.ErrClosed)
+		case pastDeadline(c.rdDeadline):
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		case len(b) == 0:
+			return 0, nil
+		case len(c.queue) > 0:
+			m := &c.queue[0]
+			n := copy(b, c.bytes(m.idx)[m.off:m.end])
+			m.off += n
+			if m.off == m.end {
+				idx := m.idx
+				c.queue = c.queue[1:]
+				c.repost(idx)
+			}
+			return n, nil
+		case c.eof:
+			return 0, io.EOF
+		case c.err != nil:
+			return 0, c.opErr("read", c.err)
+		}
+		if !c.wait(c.rdDeadline) {
+			return 0, c.opErr("read", os.ErrDeadlineExceeded)
+		}
+	}
+}
+
+func pastDeadline(t time.Time) bool { return !t.IsZero() && !time.Now().Before(t) }
+
+// maxData is the most data one message carries (c.mu held).
+func (c *Conn) maxData() int { return min(bufSize, c.peerRcvSz) - BSDHLen }
+
+// Write sends b, as a TCP connection's Write: it returns once every octet
+// is in a posted Send, or with the error that stopped it.
+func (c *Conn) Write(b []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for n < len(b) {
+		switch {
+		case c.closed:
+			return n, c.opErr("write", net.ErrClosed)
+		case pastDeadline(c.wrDeadline):
+			return n, c.opErr("write", os.ErrDeadlineExceeded)
+		case c.err != nil:
+			return n, c.opErr("write", c.err)
+		case c.wrClosed:
+			return n, c.opErr("write", syscall.EPIPE)
+		}
+		if c.credits() > reserve && len(c.free) > 0 {
+			k := min(len(b)-n, c.maxData())
+			if err := c.send(MIDData, b[n:n+k]); err != nil {
+				c.fail(fmt.Errorf("sdp: send: %w", err))
+				continue
+			}
+			n += k
+			continue
+		}
+		if !c.wait(c.wrDeadline) {
+			return n, c.opErr("write", os.ErrDeadlineExceeded)
+		}
+	}
+	return n, nil
+}
+
+// lingerTimeout bounds how long Close waits for a credit to send its
+// DisConn and for the sends before it to complete.
+const lingerTimeout = 5 * time.Second
+
+// CloseWrite sends a DisConn after the data written: the peer reads EOF,
+// and may go on writing (a TCP half-close).
+func (c *Conn) CloseWrite() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("close", net.ErrClosed)
+	}
+	return c.disconnect(time.Now().Add(lingerTimeout))
+}
+
+// disconnect sends the DisConn once (c.mu held).
+func (c *Conn) disconnect(deadline time.Time) error {
+	if c.wrClosed {
+		return nil
+	}
+	for c.err == nil && (c.credits() < 1 || len(c.free) == 0) {
+		if !c.wait(deadline) {
+			return c.opErr("close", os.ErrDeadlineExceeded)
+		}
+	}
+	if c.err != nil {
+		return c.opErr("close", c.err)
+	}
+	c.wrClosed = true
+	return c.sendControl(MIDDisConn)
+}
+
+// Close sends a DisConn after the data written, waits for the sends to
+// complete (at most lingerTimeout), and closes the connection; Reads and
+// Writes waiting return net.ErrClosed.
+func (c *Conn) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return c.opErr("close", net.ErrClosed)
+	}
+	deadline := time.Now().Add(lingerTimeout)
+	err := c.disconnect(deadline)
+	for c.err == nil && c.sendsOut > 0 && c.wait(deadline) {
+	}
+	c.closed = true
+	c.notify()
+	c.mu.Unlock()
+	_ = c.ep.Disconnect(err == nil)
+	c.cancel()
+	<-c.done
+	c.release()
+	return nil
+}
+
+func (c *Conn) opErr(op string, err error) error {
+	return &net.OpError{Op: op, Net: "sdp", Source: c.local, Addr: c.remote, Err: err}
+}
+
+// LocalAddr and RemoteAddr are the connection's TCP addresses.
+func (c *Conn) LocalAddr() net.Addr  { return c.local }
+func (c *Conn) RemoteAddr() net.Addr { return c.remote }
+
+// SetDeadline sets both deadlines, as a TCP connection's.
+func (c *Conn) SetDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.rdDeadline, c.wrDeadline = t, t
+	c.notify()
+	return nil
+}
+
+// SetReadDeadline sets the deadline of Reads, waiting and future.
+func (c *Conn) SetReadDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.rdDeadline = t
+	c.notify()
+	return nil
+}
+
+// SetWriteDeadline sets the deadline of Writes, waiting and future.
+func (c *Conn) SetWriteDeadline(t time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.wrDeadline = t
+	c.notify()
+	return nil
+}
+
+// Stats returns the connection's counters.
+func (c *Conn) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats
+}

@@ -1,0 +1,273 @@
+package sdp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+)
+
+// DefaultSocket is the daemon's control socket when neither the options nor
+// SOFTRNIC_SOCKET name one.
+const DefaultSocket = "/run/softrnic/softrnic.sock"
+
+// EnvOffload turns offload off when set to "0", "off" or "false": every
+// connection is plain TCP, as seed 002's AF_INET_DIRECT did when unset.
+// EnvSocket names the daemon's control socket.
+const (
+	EnvOffload = "SOFTRNIC_SDP"
+	EnvSocket  = "SOFTRNIC_SOCKET"
+)
+
+// offloadOff reports whether the environment turns offload off.
+func offloadOff() bool {
+	switch strings.ToLower(os.Getenv(EnvOffload)) {
+	case "0", "off", "false", "no":
+		return true
+	}
+	return false
+}
+
+func socketPath(s string) string {
+	if s != "" {
+		return s
+	}
+	if s := os.Getenv(EnvSocket); s != "" {
+		return s
+	}
+	return DefaultSocket
+}
+
+// transport is one session with a daemon, shared by every connection of
+// the process through that daemon: an IA and a PZ.
+type transport struct {
+	ia *client.IA
+	pz *client.PZ
+}
+
+var transports struct {
+	mu sync.Mutex
+	m  map[string]*transport
+}
+
+// getTransport returns the session with the daemon at socket, opening it
+// (again, if the daemon went away) when needed.
+func getTransport(ctx context.Context, socket string) (*transport, error) {
+	transports.mu.Lock()
+	defer transports.mu.Unlock()
+	if t := transports.m[socket]; t != nil && !t.ia.Gone() {
+		return t, nil
+	}
+	ia, err := client.Open(ctx, client.Options{Socket: socket, Name: "sdp"})
+	if err != nil {
+		return nil, err
+	}
+	pz, err := ia.CreatePZ()
+	if err != nil {
+		ia.Close()
+		return nil, err
+	}
+	t := &transport{ia: ia, pz: pz}
+	if transports.m == nil {
+		transports.m = map[string]*transport{}
+	}
+	transports.m[socket] = t
+	return t, nil
+}
+
+// Policy decides which connections may be offloaded: an address and port
+// allowed, and not denied. Empty lists allow everything.
+type Policy struct {
+	Allow, Deny []netip.Prefix
+	// Ports, when not empty, are the only remote (Dial) or local
+	// (Listen) ports offloaded.
+	Ports []uint16
+}
+
+// Offload reports whether a connection to or from ap may use SDP.
+func (p *Policy) Offload(ap netip.AddrPort) bool {
+	if p == nil {
+		return true
+	}
+	a := ap.Addr().Unmap()
+	for _, d := range p.Deny {
+		if d.Contains(a) {
+			return false
+		}
+	}
+	if len(p.Allow) > 0 {
+		ok := false
+		for _, al := range p.Allow {
+			ok = ok || al.Contains(a)
+		}
+		if !ok {
+			return false
+		}
+	}
+	if len(p.Ports) > 0 {
+		for _, port := range p.Ports {
+			if port == ap.Port() {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}
+
+// Dialer dials SDP connections, and plain TCP ones when SDP cannot be had.
+type Dialer struct {
+	// Socket is the daemon's control socket (default: SOFTRNIC_SOCKET,
+	// then DefaultSocket).
+	Socket string
+	// Policy limits offload; nil offloads every connection.
+	Policy *Policy
+	// HelloTimeout bounds the RDMA connection's setup (TCP, MPA and
+	// the Hello); past it Dial falls back to TCP (default 2 s).
+	HelloTimeout time.Duration
+	// TCP is the dialer of the fallback, and of everything the
+	// connection's TCP options apply to.
+	TCP net.Dialer
+	// NoFallback makes Dial fail where it would fall back to TCP.
+	NoFallback bool
+}
+
+// ErrNoOffload says why a connection was not offloaded (with NoFallback).
+var ErrNoOffload = errors.New("sdp: not offloaded")
+
+// Dial connects to address, as net.Dial: an SDP connection when the peer
+// is an SDP listener behind a softrnicd, a TCP one otherwise.
+func Dial(network, address string) (net.Conn, error) {
+	var d Dialer
+	return d.DialContext(context.Background(), network, address)
+}
+
+// DialContext is Dial with a context, as net.Dialer's.
+func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.dialSDP(ctx, network, address)
+	if err == nil {
+		return c, nil
+	}
+	if d.NoFallback || ctx.Err() != nil {
+		return nil, &net.OpError{Op: "dial", Net: "sdp", Err: err}
+	}
+	return d.TCP.DialContext(ctx, network, address)
+}
+
+// dialSDP tries the RDMA connection.
+func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, error) {
+	switch network {
+	case "tcp", "tcp4", "tcp6":
+	default:
+		return nil, fmt.Errorf("%w: network %s", ErrNoOffload, network)
+	}
+	if offloadOff() {
+		return nil, fmt.Errorf("%w: %s=%s", ErrNoOffload, EnvOffload, os.Getenv(EnvOffload))
+	}
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		// A name: resolve it as the TCP dialer would.
+		addrs, rerr := net.DefaultResolver.LookupNetIP(ctx, "ip", hostOf(address))
+		if rerr != nil || len(addrs) == 0 {
+			return nil, fmt.Errorf("%w: %s: %v", ErrNoOffload, address, err)
+		}
+		port, perr := net.DefaultResolver.LookupPort(ctx, network, portOf(address))
+		if perr != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoOffload, perr)
+		}
+		ap = netip.AddrPortFrom(addrs[0], uint16(port))
+	}
+	if !d.Policy.Offload(ap) {
+		return nil, fmt.Errorf("%w: %v by policy", ErrNoOffload, ap)
+	}
+	timeout := d.HelloTimeout
+	if timeout <= 0 {
+		timeout = 2 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	t, err := getTransport(ctx, socketPath(d.Socket))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+	}
+	c, err := newConn(t)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+	}
+	local, _ := netip.ParseAddr(t.ia.Attr().Address)
+	hello := Hello{BSDH: BSDH{Bufs: recvBufs}, Version: Version, IPVersion: ipVersion(ap.Addr()), MaxAdverts: 1,
+		DesRemRcvSz: bufSize, LocalRcvSz: bufSize, Src: local, Dst: ap.Addr().Unmap()}
+	if err := c.ep.Connect(ap.String(), hello.Marshal(), timeout); err != nil {
+		c.release()
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+	}
+	ev, err := c.evd.Wait(ctx)
+	if err == nil && (ev.Type != client.ConnectionEvent || ev.Conn != client.Established) {
+		err = fmt.Errorf("%v", ev.Conn)
+	}
+	if err != nil {
+		_ = c.ep.Disconnect(false)
+		c.release()
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+	}
+	info, err := c.ep.Query()
+	var ack HelloAck
+	if err == nil {
+		ack, err = ParseHelloAck(info.PrivateData)
+	}
+	if err == nil && ack.ActRcvSz <= BSDHLen {
+		err = fmt.Errorf("%w: HelloAck offers buffers of %d octets", ErrMalformed, ack.ActRcvSz)
+	}
+	if err != nil {
+		_ = c.ep.Disconnect(false)
+		c.release()
+		return nil, fmt.Errorf("%w: the peer's HelloAck: %v", ErrNoOffload, err)
+	}
+	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
+	c.start(ack.Bufs, int(ack.ActRcvSz))
+	// MPA's responder sends nothing before the initiator's first FPDU
+	// (RFC 5044 §7.1.2): a credit update at once lets the accepting
+	// side write first, as a TCP server may.
+	c.mu.Lock()
+	err = c.sendControl(MIDData)
+	c.stats.CreditUpdatesSent++
+	c.mu.Unlock()
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("%w: the first credit update: %v", ErrNoOffload, err)
+	}
+	return c, nil
+}
+
+func ipVersion(a netip.Addr) uint8 {
+	if a.Unmap().Is4() {
+		return 4
+	}
+	return 6
+}
+
+func hostOf(address string) string {
+	h, _, _ := net.SplitHostPort(address)
+	return h
+}
+
+func portOf(address string) string {
+	_, p, _ := net.SplitHostPort(address)
+	return p
+}
+
+// tcpAddr parses an address as the daemon gives it.
+func tcpAddr(s string) net.Addr {
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil {
+		return &net.TCPAddr{}
+	}
+	return net.TCPAddrFromAddrPort(ap)
+}

@@ -1,0 +1,271 @@
+package sdp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/client"
+)
+
+// mpaRequestKey starts every MPA Request (RFC 5044 §7.1).
+var mpaRequestKey = []byte("MPA ID Req Frame")
+
+// ListenConfig configures a Listener.
+type ListenConfig struct {
+	// Socket is the daemon's control socket (default: SOFTRNIC_SOCKET,
+	// then DefaultSocket).
+	Socket string
+	// Policy limits which clients are offloaded (by their address, and
+	// by the listener's port); nil offloads every SDP client.
+	Policy *Policy
+	// DetectTimeout bounds the wait for a client's first octets, which
+	// say whether it speaks SDP (default 250 ms); a client silent that
+	// long is a TCP client.
+	DetectTimeout time.Duration
+	// HelloTimeout bounds an SDP client's setup once detected
+	// (default 5 s).
+	HelloTimeout time.Duration
+	// TCP is the listener's own configuration.
+	TCP net.ListenConfig
+}
+
+// Listener accepts SDP and TCP clients on one port, through one accept
+// queue (see the package comment).
+type Listener struct {
+	cfg    ListenConfig
+	tcp    *net.TCPListener
+	queue  chan net.Conn
+	closed chan struct{}
+	once   sync.Once
+	wg     sync.WaitGroup
+	mu     sync.Mutex
+	err    error // why the kernel listener stopped
+}
+
+// Listen listens on address, as net.Listen.
+func Listen(network, address string) (net.Listener, error) {
+	var lc ListenConfig
+	return lc.Listen(context.Background(), network, address)
+}
+
+// Listen listens on address with the configuration.
+func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (net.Listener, error) {
+	nl, err := lc.TCP.Listen(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	tl, ok := nl.(*net.TCPListener)
+	if !ok {
+		nl.Close()
+		return nil, fmt.Errorf("sdp: listen %s: %s is not TCP", address, network)
+	}
+	l := &Listener{cfg: *lc, tcp: tl, queue: make(chan net.Conn, 128), closed: make(chan struct{})}
+	if l.cfg.DetectTimeout <= 0 {
+		l.cfg.DetectTimeout = 250 * time.Millisecond
+	}
+	if l.cfg.HelloTimeout <= 0 {
+		l.cfg.HelloTimeout = 5 * time.Second
+	}
+	l.wg.Add(1)
+	go l.acceptLoop()
+	return l, nil
+}
+
+// Addr is the listener's address.
+func (l *Listener) Addr() net.Addr { return l.tcp.Addr() }
+
+// Accept returns the next connection: a *Conn for an SDP client, a
+// *net.TCPConn for any other.
+func (l *Listener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.queue:
+		return c, nil
+	case <-l.closed:
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		return nil, &net.OpError{Op: "accept", Net: "sdp", Addr: l.tcp.Addr(), Err: net.ErrClosed}
+	}
+}
+
+// Close stops listening; connections still being classified are closed.
+func (l *Listener) Close() error {
+	err := net.ErrClosed
+	l.once.Do(func() {
+		err = l.tcp.Close()
+		close(l.closed)
+	})
+	l.wg.Wait()
+	for {
+		select {
+		case c := <-l.queue:
+			c.Close()
+		default:
+			return err
+		}
+	}
+}
+
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	for {
+		tc, err := l.tcp.AcceptTCP()
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			l.mu.Lock()
+			l.err = err
+			l.mu.Unlock()
+			l.once.Do(func() { close(l.closed) })
+			return
+		}
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			c := l.classify(tc)
+			if c == nil {
+				return
+			}
+			select {
+			case l.queue <- c:
+			case <-l.closed:
+				c.Close()
+			}
+		}()
+	}
+}
+
+// classify looks at a new connection's first octets and returns it as
+// the TCP connection it is, or as the SDP connection it becomes; nil if
+// it ended on the way.
+func (l *Listener) classify(tc *net.TCPConn) net.Conn {
+	local := tc.LocalAddr().(*net.TCPAddr).AddrPort()
+	remote := tc.RemoteAddr().(*net.TCPAddr).AddrPort()
+	if offloadOff() || !l.cfg.Policy.Offload(remote) || !l.cfg.Policy.Offload(netip.AddrPortFrom(remote.Addr(), local.Port())) {
+		return tc
+	}
+	if !l.peekMPA(tc) {
+		return tc
+	}
+	c, err := l.serveSDP(tc)
+	if err != nil {
+		// The client asked for RDMA and will fall back to TCP on a
+		// connection of its own.
+		tc.Close()
+		return nil
+	}
+	return c
+}
+
+// peekMPA reports whether tc's first octets are an MPA Request's, reading
+// nothing: a client that sends something else, or nothing within
+// DetectTimeout, is TCP.
+func (l *Listener) peekMPA(tc *net.TCPConn) bool {
+	rc, err := tc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	_ = tc.SetReadDeadline(time.Now().Add(l.cfg.DetectTimeout))
+	defer tc.SetReadDeadline(time.Time{})
+	var buf [16]byte
+	for {
+		var n int
+		var rerr error
+		err = rc.Read(func(fd uintptr) bool {
+			n, _, rerr = unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK)
+			return rerr != unix.EAGAIN
+		})
+		if err != nil || rerr != nil || n <= 0 {
+			return false
+		}
+		if !bytes.Equal(buf[:n], mpaRequestKey[:n]) {
+			return false
+		}
+		if n == len(mpaRequestKey) {
+			return true
+		}
+		// Part of the key: wait for the rest.
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// serveSDP hands tc to the daemon as a Socket Service Point and answers
+// the client's Hello.
+func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.HelloTimeout)
+	defer cancel()
+	go func() {
+		select {
+		case <-l.closed:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	t, err := getTransport(ctx, socketPath(l.cfg.Socket))
+	if err != nil {
+		return nil, err
+	}
+	c, err := newConn(t)
+	if err != nil {
+		return nil, err
+	}
+	crs, err := t.ia.CreateEVD(client.EVDOptions{Depth: 4, Kind: client.CREvents | client.ConnectionEvents})
+	if err != nil {
+		c.release()
+		return nil, err
+	}
+	defer crs.Free()
+	ssp, err := t.ia.CreateSSP(tc, c.ep, crs, nil)
+	if err != nil {
+		c.release()
+		return nil, err
+	}
+	defer ssp.Free()
+	ev, err := crs.Wait(ctx)
+	if err == nil && ev.Type != client.ConnectionRequest {
+		err = fmt.Errorf("sdp: %v instead of the client's request", ev.Conn)
+	}
+	if err != nil {
+		c.release()
+		return nil, err
+	}
+	info, err := ev.CR.Query()
+	var hello Hello
+	if err == nil {
+		hello, err = ParseHello(info.PrivateData)
+	}
+	if err == nil && hello.LocalRcvSz <= BSDHLen {
+		err = fmt.Errorf("%w: Hello offers buffers of %d octets", ErrMalformed, hello.LocalRcvSz)
+	}
+	if err != nil {
+		_ = ev.CR.Reject(nil)
+		c.release()
+		return nil, err
+	}
+	ack := HelloAck{BSDH: BSDH{Bufs: recvBufs}, Version: Version, MaxAdverts: 1, ActRcvSz: bufSize}
+	if err := ev.CR.Accept(c.ep, ack.Marshal()); err != nil {
+		c.release()
+		return nil, err
+	}
+	ev, err = c.evd.Wait(ctx)
+	if err == nil && (ev.Type != client.ConnectionEvent || ev.Conn != client.Established) {
+		err = fmt.Errorf("sdp: %v instead of ESTABLISHED", ev.Conn)
+	}
+	if err != nil {
+		_ = c.ep.Disconnect(false)
+		c.release()
+		return nil, err
+	}
+	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
+	c.start(hello.Bufs, int(hello.LocalRcvSz))
+	return c, nil
+}

@@ -1,0 +1,233 @@
+package sdp_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/sdp"
+)
+
+// startDaemon runs a softrnicd on loopback for the test and returns its
+// socket.
+func startDaemon(t testing.TB) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "lo.sock")
+	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	go d.Serve()
+	t.Cleanup(func() { d.Close() })
+	return sock
+}
+
+// pair returns a dialed and an accepted connection of ln.
+func pair(t testing.TB, d *sdp.Dialer, ln net.Listener) (net.Conn, net.Conn, error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		c, err := ln.Accept()
+		ch <- res{c, err}
+	}()
+	c1, err := d.DialContext(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		return nil, nil, err
+	}
+	r := <-ch
+	if r.err != nil {
+		c1.Close()
+		return nil, nil, r.err
+	}
+	return c1, r.c, nil
+}
+
+func listen(t testing.TB, sock string) net.Listener {
+	t.Helper()
+	lc := sdp.ListenConfig{Socket: sock}
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// Both ends of every pair are SDP connections, and they behave as a
+// net.Conn must (x/net's conformance test).
+func TestConn(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	d := &sdp.Dialer{Socket: sock, NoFallback: true}
+	nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+		c1, c2, err = pair(t, d, ln)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		if _, ok := c1.(*sdp.Conn); !ok {
+			t.Fatalf("dialed a %T, want *sdp.Conn", c1)
+		}
+		if _, ok := c2.(*sdp.Conn); !ok {
+			t.Fatalf("accepted a %T, want *sdp.Conn", c2)
+		}
+		return c1, c2, func() { c1.Close(); c2.Close() }, nil
+	})
+}
+
+// Random write and read sizes both ways at once; what arrives is what
+// was sent (SHA-256), and the credits never went below zero.
+func TestStreamBothWays(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	defer c2.Close()
+	const total = 64 << 20
+	run := func(w, r net.Conn, seed uint64) (sent, got [32]byte, err error) {
+		errc := make(chan error, 1)
+		go func() {
+			rng := rand.New(rand.NewPCG(seed, 1))
+			h := sha256.New()
+			buf := make([]byte, 256<<10)
+			for n := 0; n < total; {
+				k := min(1+rng.IntN(len(buf)), total-n)
+				for i := range buf[:k] {
+					buf[i] = byte(rng.Uint32())
+				}
+				h.Write(buf[:k])
+				if _, err := w.Write(buf[:k]); err != nil {
+					errc <- err
+					return
+				}
+				n += k
+			}
+			copy(sent[:], h.Sum(nil))
+			errc <- w.(interface{ CloseWrite() error }).CloseWrite()
+		}()
+		rng := rand.New(rand.NewPCG(seed, 2))
+		h := sha256.New()
+		buf := make([]byte, 300<<10)
+		n := 0
+		for {
+			k, err := r.Read(buf[:1+rng.IntN(len(buf))])
+			h.Write(buf[:k])
+			n += k
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				return sent, got, err
+			}
+		}
+		copy(got[:], h.Sum(nil))
+		if err := <-errc; err != nil {
+			return sent, got, err
+		}
+		if n != total {
+			t.Errorf("read %d octets, want %d", n, total)
+		}
+		return sent, got, nil
+	}
+	type out struct {
+		sent, got [32]byte
+		err       error
+	}
+	ch := make(chan out, 2)
+	go func() { s, g, err := run(c1, c2, 1); ch <- out{s, g, err} }()
+	go func() { s, g, err := run(c2, c1, 2); ch <- out{s, g, err} }()
+	for range 2 {
+		o := <-ch
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		if !bytes.Equal(o.sent[:], o.got[:]) {
+			t.Fatalf("SHA-256 differs: sent %x, got %x", o.sent, o.got)
+		}
+	}
+	for _, c := range []net.Conn{c1, c2} {
+		st := c.(*sdp.Conn).Stats()
+		if st.MinCredits < 0 {
+			t.Errorf("credits went to %d", st.MinCredits)
+		}
+		t.Logf("%+v", st)
+	}
+}
+
+// A plain TCP client of an sdp listener, and an sdp dialer of a plain TCP
+// server, get TCP connections that work.
+func TestFallback(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		if _, ok := c.(*net.TCPConn); !ok {
+			t.Errorf("accepted a %T from a TCP client", c)
+		}
+		io.Copy(c, c)
+	}()
+	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	echo(t, c)
+
+	tl, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); io.Copy(c, c) }()
+		}
+	}()
+	d := &sdp.Dialer{Socket: sock, HelloTimeout: time.Second}
+	start := time.Now()
+	c, err = d.DialContext(context.Background(), "tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Fatalf("dialed a %T to a TCP server", c)
+	}
+	t.Logf("fallback to a TCP server took %v", time.Since(start))
+	echo(t, c)
+}
+
+func echo(t *testing.T, c net.Conn) {
+	t.Helper()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("through whichever path won")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
+		t.Fatalf("echo: %q %v", got, err)
+	}
+}
