@@ -41,6 +41,9 @@ type Conn struct {
 	peerRcvSz int
 	cancel    context.CancelFunc
 	done      chan struct{} // the event goroutine ended
+	// early are completions that came before ESTABLISHED (see
+	// established).
+	early []client.Event
 
 	mu sync.Mutex
 	// changed is closed, and replaced, whenever anything a waiting Read,
@@ -65,6 +68,7 @@ type Conn struct {
 	err              error // the connection is broken: reset, protocol error
 	rdDeadline       time.Time
 	wrDeadline       time.Time
+	linger           int // SetLinger's; -1 by default
 	stats            Stats
 }
 
@@ -85,7 +89,7 @@ type rxMsg struct{ idx, off, end int }
 // its completions and connection events, an EP, the buffers, registered,
 // and its receives posted.
 func newConn(t *transport) (*Conn, error) {
-	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), stats: Stats{MinCredits: -1}}
+	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), linger: -1, stats: Stats{MinCredits: -1}}
 	var err error
 	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
 		return nil, err
@@ -146,7 +150,32 @@ func (c *Conn) start(peerBufs uint16, peerRcvSz int) {
 	c.advBufs = recvBufs
 	ctx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
+	c.mu.Lock()
+	for _, ev := range c.early {
+		c.completion(ev)
+	}
+	c.early = nil
+	c.mu.Unlock()
 	go c.events(ctx)
+}
+
+// established waits for the connection's ESTABLISHED event; completions
+// that come first (the peer may send at once) are kept for start.
+func (c *Conn) established(ctx context.Context) error {
+	for {
+		ev, err := c.evd.Wait(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case ev.Type == client.DTOCompletion:
+			c.early = append(c.early, ev)
+		case ev.Type == client.ConnectionEvent && ev.Conn == client.Established:
+			return nil
+		default:
+			return fmt.Errorf("%v", ev.Conn)
+		}
+	}
 }
 
 // credits is what may be sent now (c.mu held).
@@ -307,7 +336,7 @@ func (c *Conn) abort(why error) {
 	if c.credits() >= 1 {
 		_ = c.sendControl(MIDAbortConn)
 	}
-	c.fail(fmt.Errorf("sdp: connection reset: %w", why))
+	c.fail(fmt.Errorf("%w: %w", syscall.ECONNRESET, why))
 	_ = c.ep.Disconnect(false)
 }
 
@@ -433,59 +462,124 @@ func (c *Conn) Write(b []byte) (int, error) {
 	return n, nil
 }
 
-// lingerTimeout bounds how long Close waits for a credit to send its
-// DisConn and for the sends before it to complete.
-const lingerTimeout = 5 * time.Second
+// lingerTimeout bounds how long a closed connection goes on, in the
+// background, waiting for a credit to send its DisConn and for its sends to
+// complete, as an orphaned TCP connection sends its FIN; past it the
+// connection is reset.
+const lingerTimeout = 10 * time.Second
 
 // CloseWrite sends a DisConn after the data written: the peer reads EOF,
-// and may go on writing (a TCP half-close).
+// and may go on writing (a TCP half-close). It waits for a credit, at most
+// until the write deadline.
 func (c *Conn) CloseWrite() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return c.opErr("close", net.ErrClosed)
 	}
-	return c.disconnect(time.Now().Add(lingerTimeout))
+	deadline := c.wrDeadline
+	if deadline.IsZero() {
+		deadline = time.Now().Add(lingerTimeout)
+	}
+	if err := c.disconnect(deadline); err != nil {
+		return c.opErr("close", err)
+	}
+	return nil
 }
 
-// disconnect sends the DisConn once (c.mu held).
+// disconnect sends the DisConn once (c.mu held). It takes two credits: the
+// last one is only for a message that gives credits (CA4-82).
 func (c *Conn) disconnect(deadline time.Time) error {
 	if c.wrClosed {
 		return nil
 	}
-	for c.err == nil && (c.credits() < 1 || len(c.free) == 0) {
+	for c.err == nil && (c.credits() < 2 || len(c.free) == 0) {
 		if !c.wait(deadline) {
-			return c.opErr("close", os.ErrDeadlineExceeded)
+			return os.ErrDeadlineExceeded
 		}
 	}
 	if c.err != nil {
-		return c.opErr("close", c.err)
+		return c.err
 	}
 	c.wrClosed = true
 	return c.sendControl(MIDDisConn)
 }
 
-// Close sends a DisConn after the data written, waits for the sends to
-// complete (at most lingerTimeout), and closes the connection; Reads and
-// Writes waiting return net.ErrClosed.
+// SetLinger sets what Close does with data not yet delivered, as a TCP
+// connection's: sec < 0 (the default) sends it and the DisConn in the
+// background, sec == 0 resets the connection at once, sec > 0 has Close
+// wait up to sec seconds for it to go, then reset.
+func (c *Conn) SetLinger(sec int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.linger = sec
+	return nil
+}
+
+// SetNoDelay is accepted for TCP's sake: every Write is sent at once.
+func (c *Conn) SetNoDelay(bool) error { return c.setOK() }
+
+// SetKeepAlive and SetKeepAlivePeriod are accepted for TCP's sake: the
+// daemon's connection keeps itself alive, and a peer that vanishes ends
+// it (a Read or Write then fails).
+func (c *Conn) SetKeepAlive(bool) error                { return c.setOK() }
+func (c *Conn) SetKeepAlivePeriod(time.Duration) error { return c.setOK() }
+
+// SetReadBuffer and SetWriteBuffer are accepted for TCP's sake: the
+// buffers are the posted receives and sends, 1 MiB each way.
+func (c *Conn) SetReadBuffer(int) error  { return c.setOK() }
+func (c *Conn) SetWriteBuffer(int) error { return c.setOK() }
+
+func (c *Conn) setOK() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	return nil
+}
+
+// Close closes the connection: Reads and Writes waiting return
+// net.ErrClosed, and the data written goes to the peer before its DisConn
+// (see SetLinger).
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return c.opErr("close", net.ErrClosed)
 	}
-	deadline := time.Now().Add(lingerTimeout)
-	err := c.disconnect(deadline)
-	for c.err == nil && c.sendsOut > 0 && c.wait(deadline) {
-	}
 	c.closed = true
 	c.notify()
+	linger := c.linger
 	c.mu.Unlock()
-	_ = c.ep.Disconnect(err == nil)
+	switch {
+	case linger == 0:
+		c.finish(time.Now())
+	case linger > 0:
+		c.finish(time.Now().Add(time.Duration(linger) * time.Second))
+	default:
+		go c.finish(time.Now().Add(lingerTimeout))
+	}
+	return nil
+}
+
+// finish sends the DisConn after what was written and lets the connection
+// go, gracefully if that was done by the deadline, abortively otherwise.
+func (c *Conn) finish(deadline time.Time) {
+	c.mu.Lock()
+	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(deadline) == nil
+	for graceful && c.err == nil && c.sendsOut > 0 {
+		graceful = c.wait(deadline)
+	}
+	graceful = graceful && c.err == nil
+	c.mu.Unlock()
+	_ = c.ep.Disconnect(graceful)
 	c.cancel()
 	<-c.done
 	c.release()
-	return nil
 }
 
 func (c *Conn) opErr(op string, err error) error {

@@ -208,11 +208,7 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 		c.release()
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
-	ev, err := c.evd.Wait(ctx)
-	if err == nil && (ev.Type != client.ConnectionEvent || ev.Conn != client.Established) {
-		err = fmt.Errorf("%v", ev.Conn)
-	}
-	if err != nil {
+	if err := c.established(ctx); err != nil {
 		_ = c.ep.Disconnect(false)
 		c.release()
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)

@@ -174,10 +174,11 @@ func (l *Listener) peekMPA(tc *net.TCPConn) bool {
 	if err != nil {
 		return false
 	}
-	_ = tc.SetReadDeadline(time.Now().Add(l.cfg.DetectTimeout))
+	deadline := time.Now().Add(l.cfg.DetectTimeout)
+	_ = tc.SetReadDeadline(deadline)
 	defer tc.SetReadDeadline(time.Time{})
 	var buf [16]byte
-	for {
+	for time.Now().Before(deadline) {
 		var n int
 		var rerr error
 		err = rc.Read(func(fd uintptr) bool {
@@ -193,9 +194,11 @@ func (l *Listener) peekMPA(tc *net.TCPConn) bool {
 		if n == len(mpaRequestKey) {
 			return true
 		}
-		// Part of the key: wait for the rest.
+		// Part of the key: wait for the rest (the socket stays
+		// readable, so the deadline is ours to watch).
 		time.Sleep(time.Millisecond)
 	}
+	return false
 }
 
 // serveSDP hands tc to the daemon as a Socket Service Point and answers
@@ -256,11 +259,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 		c.release()
 		return nil, err
 	}
-	ev, err = c.evd.Wait(ctx)
-	if err == nil && (ev.Type != client.ConnectionEvent || ev.Conn != client.Established) {
-		err = fmt.Errorf("sdp: %v instead of ESTABLISHED", ev.Conn)
-	}
-	if err != nil {
+	if err := c.established(ctx); err != nil {
 		_ = c.ep.Disconnect(false)
 		c.release()
 		return nil, err

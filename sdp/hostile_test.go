@@ -1,0 +1,251 @@
+package sdp_test
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/sdp"
+)
+
+// rawPeer is an RDMA endpoint that speaks to an sdp listener through the
+// client API directly, saying whatever a test wants.
+type rawPeer struct {
+	sent int // sends posted, each from a buffer of its own
+	ia   *client.IA
+	evd  *client.EVD
+	ep   *client.EP
+	buf  *client.Buffer
+	lmr  *client.LMR
+}
+
+func newRawPeer(t *testing.T, sock string) *rawPeer {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ia, err := client.Open(ctx, client.Options{Socket: sock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ia.Close() })
+	p := &rawPeer{ia: ia}
+	pz, _ := ia.CreatePZ()
+	p.buf, _ = ia.Alloc(1 << 20)
+	p.lmr, _ = pz.RegisterLMR(p.buf, client.LocalWrite)
+	p.evd, _ = ia.CreateEVD(client.EVDOptions{Depth: 64, Kind: client.DTOEvents | client.ConnectionEvents})
+	p.ep, err = ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: p.evd, RequestEVD: p.evd, ConnectEVD: p.evd, SQDepth: 16, RQDepth: 16, IRD: 1, ORD: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 16 {
+		p.ep.PostRecv(uint64(i), []client.Segment{{LMR: p.lmr, Offset: uint64(i) << 16, Length: 1 << 16}})
+	}
+	return p
+}
+
+// connect connects with private data pd and returns the first connection
+// event.
+func (p *rawPeer) connect(t *testing.T, addr string, pd []byte) client.ConnEvent {
+	t.Helper()
+	if err := p.ep.Connect(addr, pd, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev, _, err := p.evd.WaitTimeout(10*time.Second, 1)
+		if err != nil {
+			t.Fatalf("waiting for the connection: %v", err)
+		}
+		if ev.Type == client.ConnectionEvent {
+			return ev.Conn
+		}
+	}
+}
+
+// send posts msg as one Send.
+func (p *rawPeer) send(t *testing.T, msg []byte) {
+	t.Helper()
+	off := uint64(1<<19) + uint64(p.sent%8)<<16
+	p.sent++
+	copy(p.buf.Bytes[off:], msg)
+	if err := p.ep.PostSend(99, []client.Segment{{LMR: p.lmr, Offset: off, Length: uint32(len(msg))}}, 0); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func hello() []byte {
+	h := sdp.Hello{BSDH: sdp.BSDH{Bufs: 16}, Version: sdp.Version, IPVersion: 4, MaxAdverts: 1, DesRemRcvSz: 1 << 16, LocalRcvSz: 1 << 16}
+	return h.Marshal()
+}
+
+func msg(mid sdp.MID, mseq uint32, data []byte) []byte {
+	b := make([]byte, sdp.BSDHLen+len(data))
+	sdp.BSDH{MID: mid, Bufs: 16, Len: uint32(len(b)), MSeq: mseq}.Put(b)
+	copy(b[sdp.BSDHLen:], data)
+	return b
+}
+
+// acceptOne accepts the next connection of ln within d.
+func acceptOne(ln net.Listener, d time.Duration) (net.Conn, error) {
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := ln.Accept(); ch <- res{c, err} }()
+	select {
+	case r := <-ch:
+		return r.c, r.err
+	case <-time.After(d):
+		return nil, errors.New("nothing accepted")
+	}
+}
+
+// A client whose request carries no Hello, or a Hello that offers no
+// buffer, is refused; the listener goes on accepting.
+func TestListenerRefusesBadHellos(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	short := hello()[:40]
+	zero := hello()
+	binary.BigEndian.PutUint32(zero[sdp.BSDHLen+8:], 0) // LocalRcvSz
+	notHello := hello()
+	notHello[0] = byte(sdp.MIDData)
+	for name, pd := range map[string][]byte{"none": nil, "short": short, "no buffers": zero, "not a Hello": notHello} {
+		p := newRawPeer(t, sock)
+		if ev := p.connect(t, ln.Addr().String(), pd); ev == client.Established {
+			t.Errorf("%s: a request with that private data was accepted", name)
+		}
+	}
+	c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+	if err != nil {
+		t.Fatalf("a good client after the bad ones: %v", err)
+	}
+	c1.Close()
+	c2.Close()
+}
+
+// A peer that breaks the protocol after a good Hello resets the
+// connection: the accepted side's Read fails with a reset after the data
+// that came before, and nothing hangs.
+func TestPeerBreaksTheProtocol(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	badLen := msg(sdp.MIDData, 2, []byte("x"))
+	binary.BigEndian.PutUint32(badLen[4:], 9999)
+	cases := map[string][]byte{
+		"MSeq skips":         msg(sdp.MIDData, 5, []byte("x")),
+		"Len lies":           badLen,
+		"unknown identifier": msg(0x42, 2, nil),
+		"shorter than BSDH":  []byte("tiny"),
+		"SrcAvail":           append(msg(sdp.MIDSrcAvail, 2, make([]byte, 16)), 0),
+	}
+	for name, bad := range cases {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			p := newRawPeer(t, sock)
+			type res struct {
+				c   net.Conn
+				err error
+			}
+			ch := make(chan res, 1)
+			go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
+			if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
+				t.Fatalf("connect: %v", ev)
+			}
+			r := <-ch
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			c := r.c
+			defer c.Close()
+			if name == "SrcAvail" {
+				binary.BigEndian.PutUint32(bad[4:], uint32(len(bad)))
+			}
+			p.send(t, msg(sdp.MIDData, 1, []byte("good")))
+			p.send(t, bad)
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			if string(got) != "good" {
+				t.Errorf("read %q before the error, want %q", got, "good")
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("read error %v, want a reset", err)
+			}
+		})
+	}
+}
+
+// A client that says nothing, or starts an MPA Request and stops, is a TCP
+// client once DetectTimeout passes; a client that sends a whole Request
+// and nothing more holds no accept.
+func TestSilentAndHalfClients(t *testing.T) {
+	sock := startDaemon(t)
+	lc := sdp.ListenConfig{Socket: sock, DetectTimeout: 100 * time.Millisecond, HelloTimeout: time.Second}
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	next := func(d time.Duration) net.Conn {
+		select {
+		case c := <-accepted:
+			return c
+		case <-time.After(d):
+			return nil
+		}
+	}
+	for _, first := range []string{"", "MPA ID", "MPA ID Req Frame"} {
+		raw, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		raw.Write([]byte(first))
+		c := next(3 * time.Second)
+		switch {
+		case first == "MPA ID Req Frame":
+			if c != nil {
+				t.Errorf("a stalled MPA Request was accepted as a %T", c)
+				c.Close()
+			}
+		case c == nil:
+			t.Errorf("client that sent %q: nothing accepted", first)
+		default:
+			if _, ok := c.(*net.TCPConn); !ok {
+				t.Errorf("client that sent %q accepted as a %T", first, c)
+			}
+			c.SetReadDeadline(time.Now().Add(time.Second))
+			got := make([]byte, len(first))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != first {
+				t.Errorf("the TCP client's first octets: %q %v", got, err)
+			}
+			c.Close()
+		}
+	}
+	c1, err := (&sdp.Dialer{Socket: sock, NoFallback: true}).DialContext(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatalf("a good client after them: %v", err)
+	}
+	c2 := next(5 * time.Second)
+	if _, ok := c2.(*sdp.Conn); !ok {
+		t.Fatalf("the good client accepted as a %T", c2)
+	}
+	c1.Close()
+	c2.Close()
+}
