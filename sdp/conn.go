@@ -2,6 +2,7 @@ package sdp
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -25,16 +26,37 @@ const (
 	// reserve credits are kept for messages without data: data never
 	// takes the last two (ib_sdp's SDP_MIN_TX_CREDITS).
 	reserve = 2
+	// zSize is each of the two Read Zcopy regions: the source's, which
+	// a SrcAvail advertises, and the sink's, which its RDMA Reads fill.
+	zSize = 1 << 20
+	// DefaultZcopyThreshold: a Write of at least this many octets goes
+	// by Read Zcopy (ib_sdp's default), anything shorter by Bcopy.
+	DefaultZcopyThreshold = 64 << 10
 )
+
+// The connection's memory, registered for local access only: the receive
+// buffers, the send buffers, then the sink region of Read Zcopy. The
+// source region is registered apart, the only memory a peer may read.
+const (
+	zSinkOff = (recvBufs + sendBufs) * bufSize
+	memSize  = zSinkOff + zSize
+)
+
+// Cookies of RDMA Reads (the buffers' indexes are the others').
+const readCookie = 1 << 32
 
 // Conn is an SDP connection: a net.Conn whose octets travel as RDMA
 // Sends. Its methods may be called from any goroutine.
 type Conn struct {
-	t      *transport
-	ep     *client.EP
-	evd    *client.EVD
-	buf    *client.Buffer
-	lmr    *client.LMR
+	t   *transport
+	ep  *client.EP
+	evd *client.EVD
+	buf *client.Buffer
+	lmr *client.LMR
+	// zbuf is the source region of Read Zcopy, which zlmr lets the peer
+	// read.
+	zbuf   *client.Buffer
+	zlmr   *client.LMR
 	local  net.Addr
 	remote net.Addr
 	// peerRcvSz is the size of each of the peer's receive buffers.
@@ -58,11 +80,21 @@ type Conn struct {
 	// Receive side: the MSeq of the last message received; receives
 	// posted; the MSeqAck and Bufs our latest message carried; messages
 	// received and not yet read.
-	lastRecv         uint32
-	posted           int
-	advAck           uint32
-	advBufs          int
-	queue            []rxMsg
+	lastRecv uint32
+	posted   int
+	advAck   uint32
+	advBufs  int
+	queue    []rxMsg
+	// Read Zcopy. Source: zsrc, octets of the source region a SrcAvail
+	// advertised that the sink has not read (0: the region is free);
+	// zsrcSM: the sink declined (SendSM), and zsrcSent of them went by
+	// Bcopy. Sink: reading, an RDMA Read is in flight; ctrl, messages
+	// without data waiting for a credit.
+	zsrc, zsrcSent   int
+	zsrcSM           bool
+	reading          bool
+	ctrl             []ctrlMsg
+	threshold        int
 	eof              bool // the peer's DisConn came (after the queued data)
 	wrClosed, closed bool
 	err              error // the connection is broken: reset, protocol error
@@ -76,25 +108,44 @@ type Conn struct {
 type Stats struct {
 	MessagesSent, MessagesReceived uint64
 	CreditUpdatesSent              uint64
+	// ZcopySent and ZcopyReceived count the octets that went by Read
+	// Zcopy (SrcAvail and RDMA Read).
+	ZcopySent, ZcopyReceived uint64
 	// MinCredits is the fewest credits the connection had to the peer
 	// after a send: never negative, by construction.
 	MinCredits int
 }
 
-// rxMsg is a received Data message not yet read: its buffer and the part
-// left.
-type rxMsg struct{ idx, off, end int }
+// rxMsg is received data not yet read: a Data message in receive buffer
+// idx, or (zero) a SrcAvail's, read part by part into the sink region:
+// [off, end) of it is there, and done of the source's total.
+type rxMsg struct {
+	idx, off, end int
+	zero          bool
+	// A SrcAvail's: the source's region, what was read of it, and
+	// whether the part read is in the sink region (filled).
+	src    SrcAvail
+	done   int
+	filled bool
+}
+
+// ctrlMsg is a message without data waiting for a credit.
+type ctrlMsg struct {
+	mid MID
+	n   uint32 // RdmaRdCompl's length
+}
 
 // newConn sets up what a connection needs before it connects: an EVD for
 // its completions and connection events, an EP, the buffers, registered,
 // and its receives posted.
 func newConn(t *transport) (*Conn, error) {
-	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), linger: -1, stats: Stats{MinCredits: -1}}
+	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), linger: -1, threshold: DefaultZcopyThreshold,
+		stats: Stats{MinCredits: -1}}
 	var err error
 	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
 		return nil, err
 	}
-	if c.buf, err = t.ia.Alloc((recvBufs + sendBufs) * bufSize); err != nil {
+	if c.buf, err = t.ia.Alloc(memSize); err != nil {
 		c.release()
 		return nil, err
 	}
@@ -102,8 +153,16 @@ func newConn(t *transport) (*Conn, error) {
 		c.release()
 		return nil, err
 	}
+	if c.zbuf, err = t.ia.Alloc(zSize); err != nil {
+		c.release()
+		return nil, err
+	}
+	if c.zlmr, err = t.pz.RegisterLMR(c.zbuf, client.RemoteRead); err != nil {
+		c.release()
+		return nil, err
+	}
 	if c.ep, err = t.ia.CreateEP(client.EPAttr{PZ: t.pz, RecvEVD: c.evd, RequestEVD: c.evd, ConnectEVD: c.evd,
-		SQDepth: sendBufs + reserve + 2, RQDepth: recvBufs, IRD: 1, ORD: 1}); err != nil {
+		SQDepth: sendBufs + 4, RQDepth: recvBufs, IRD: 1, ORD: 1}); err != nil {
 		c.release()
 		return nil, err
 	}
@@ -131,11 +190,15 @@ func (c *Conn) release() {
 	if c.ep != nil {
 		_ = c.ep.Free()
 	}
-	if c.lmr != nil {
-		_ = c.lmr.Free()
+	for _, l := range []*client.LMR{c.lmr, c.zlmr} {
+		if l != nil {
+			_ = l.Free()
+		}
 	}
-	if c.buf != nil {
-		_ = c.buf.Free()
+	for _, b := range []*client.Buffer{c.buf, c.zbuf} {
+		if b != nil {
+			_ = b.Free()
+		}
 	}
 	if c.evd != nil {
 		_ = c.evd.Free()
@@ -242,7 +305,11 @@ func (c *Conn) events(ctx context.Context) {
 		case client.ConnectionEvent:
 			switch ev.Conn {
 			case client.Disconnected:
-				if !c.eof {
+				if c.eof {
+					// After the peer's DisConn: Reads see EOF,
+					// Writes a broken pipe.
+					c.fail(syscall.EPIPE)
+				} else {
 					// The connection closed without a DisConn.
 					c.fail(syscall.ECONNRESET)
 				}
@@ -258,14 +325,16 @@ func (c *Conn) events(ctx context.Context) {
 // completion handles one DTO completion (c.mu held).
 func (c *Conn) completion(ev client.Event) {
 	// The cookie is the buffer's index: receives below recvBufs, sends
-	// above.
+	// above; an RDMA Read's is readCookie.
 	idx := int(ev.Cookie)
-	send := idx >= recvBufs && idx < recvBufs+sendBufs
-	if send {
+	switch {
+	case ev.Cookie == readCookie:
+		c.reading = false
+	case idx >= recvBufs && idx < recvBufs+sendBufs:
 		c.free = append(c.free, idx)
 		c.sendsOut--
 		c.notify()
-	} else {
+	default:
 		c.posted--
 	}
 	if ev.Status != completion.Success {
@@ -276,9 +345,13 @@ func (c *Conn) completion(ev client.Event) {
 		}
 		return
 	}
-	if !send && ev.Opcode == completion.OpRecv {
+	switch {
+	case ev.Cookie == readCookie:
+		c.readDone()
+	case idx < recvBufs && ev.Opcode == completion.OpRecv:
 		c.received(idx, int(ev.Length))
 	}
+	c.pump()
 }
 
 // received handles the message in receive buffer idx (c.mu held).
@@ -315,16 +388,133 @@ func (c *Conn) received(idx, n int) {
 		c.eof = true
 	case MIDAbortConn:
 		c.fail(syscall.ECONNRESET)
-	case MIDSendSM, MIDSinkAvail, MIDSrcAvailCancel:
-		// We send no SrcAvail, so a SendSM or a cancel has nothing to
-		// end; a sink's advertised buffer (Write Zcopy) may be
-		// ignored: the data comes by Bcopy.
+	case MIDSrcAvail:
+		sa := ParseSrcAvail(msg)
+		if sa.Len == 0 || n != BSDHLen+16 {
+			// Data carried in a SrcAvail is the Combined mode of
+			// the first SDP generation, which we do not speak.
+			c.abort(fmt.Errorf("%w: SrcAvail of %d octets advertising %d", ErrMalformed, n, sa.Len))
+			return
+		}
+		c.queue = append(c.queue, rxMsg{zero: true, src: sa})
+		c.startRead()
+	case MIDSrcAvailCancel:
+		// Withdrawn before we began: decline it (SendSM), and the
+		// source sends the data by Bcopy; begun, it completes.
+		for i := range c.queue {
+			if m := &c.queue[i]; m.zero {
+				if m.done == 0 && !m.filled && !c.reading {
+					c.queue = append(c.queue[:i], c.queue[i+1:]...)
+					c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDSendSM})
+				}
+				break
+			}
+		}
+	case MIDRdmaRdCompl:
+		if k := int(ParseLen(msg)); c.zsrc == 0 || k != c.zsrc {
+			c.abort(fmt.Errorf("%w: RdmaRdCompl of %d octets, %d advertised", ErrMalformed, k, c.zsrc))
+			return
+		}
+		c.zsrc = 0
+	case MIDSendSM:
+		// Our SrcAvail declined: its data goes by Bcopy (pump). With
+		// none outstanding there is nothing to end.
+		if c.zsrc > 0 {
+			c.zsrcSM = true
+		}
+	case MIDSinkAvail:
+		// A sink's buffer for Write Zcopy may be ignored: the data
+		// comes by Bcopy or Read Zcopy.
 	default:
 		c.abort(fmt.Errorf("sdp: %v is not supported", h.MID))
 		return
 	}
 	c.repost(idx)
 	c.notify()
+}
+
+// startRead reads the next part of the first SrcAvail in the queue into the
+// sink region, unless a Read is in flight or the region holds a part not
+// yet consumed (c.mu held).
+func (c *Conn) startRead() {
+	if c.reading || c.err != nil || c.closed {
+		return
+	}
+	for i := range c.queue {
+		m := &c.queue[i]
+		if !m.zero {
+			continue
+		}
+		if m.filled {
+			return
+		}
+		k := min(int(m.src.Len)-m.done, zSize)
+		err := c.ep.PostRead(readCookie, client.Segment{LMR: c.lmr, Offset: zSinkOff, Length: uint32(k)},
+			client.RemoteBuffer{Context: m.src.STag, Address: m.src.VA + uint64(m.done)}, client.Signaled)
+		if err != nil {
+			c.abort(fmt.Errorf("sdp: RDMA Read: %w", err))
+			return
+		}
+		m.off, m.end = 0, k
+		c.reading = true
+		return
+	}
+}
+
+// readDone: the RDMA Read filled the sink region (c.mu held).
+func (c *Conn) readDone() {
+	for i := range c.queue {
+		if m := &c.queue[i]; m.zero {
+			m.filled = true
+			if m.done+m.end == int(m.src.Len) {
+				// All of it is here: the source's region is free
+				// now, not once it is consumed.
+				c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDRdmaRdCompl, n: m.src.Len})
+			}
+			c.notify()
+			return
+		}
+	}
+}
+
+// consumed: Read took the whole part of the first SrcAvail in the sink
+// region, and the next part is read (c.mu held).
+func (c *Conn) consumed(m *rxMsg) {
+	m.done += m.end
+	m.filled, m.off, m.end = false, 0, 0
+	if m.done == int(m.src.Len) {
+		c.queue = c.queue[1:]
+	}
+	c.startRead()
+	c.pump()
+}
+
+// pump sends what waited for a credit or a send buffer: messages without
+// data, then a declined SrcAvail's data by Bcopy (c.mu held).
+func (c *Conn) pump() {
+	for len(c.ctrl) > 0 && c.err == nil && c.credits() >= 1 && len(c.free) > 0 {
+		m := c.ctrl[0]
+		var p []byte
+		if m.mid == MIDRdmaRdCompl {
+			p = binary.BigEndian.AppendUint32(nil, m.n)
+		}
+		if err := c.send(m.mid, p); err != nil {
+			c.fail(fmt.Errorf("sdp: send: %w", err))
+			return
+		}
+		c.ctrl = c.ctrl[1:]
+	}
+	for c.zsrcSM && c.err == nil && c.credits() > reserve && len(c.free) > 0 {
+		k := min(c.zsrc-c.zsrcSent, c.maxData())
+		if err := c.send(MIDData, c.zbuf.Bytes[c.zsrcSent:c.zsrcSent+k]); err != nil {
+			c.fail(fmt.Errorf("sdp: send: %w", err))
+			return
+		}
+		if c.zsrcSent += k; c.zsrcSent == c.zsrc {
+			c.zsrc, c.zsrcSent, c.zsrcSM = 0, 0, false
+			c.notify()
+		}
+	}
 }
 
 // abort resets the connection: an AbortConn if a credit allows, then
@@ -403,7 +593,15 @@ func (c *Conn) Read(b []byte) (int, error) {
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		case len(b) == 0:
 			return 0, nil
-		case len(c.queue) > 0:
+		case len(c.queue) > 0 && c.queue[0].zero && c.queue[0].filled:
+			m := &c.queue[0]
+			n := copy(b, c.buf.Bytes[zSinkOff+m.off:zSinkOff+m.end])
+			c.stats.ZcopyReceived += uint64(n)
+			if m.off += n; m.off == m.end {
+				c.consumed(m)
+			}
+			return n, nil
+		case len(c.queue) > 0 && !c.queue[0].zero:
 			m := &c.queue[0]
 			n := copy(b, c.bytes(m.idx)[m.off:m.end])
 			m.off += n
@@ -413,9 +611,14 @@ func (c *Conn) Read(b []byte) (int, error) {
 				c.repost(idx)
 			}
 			return n, nil
+		case len(c.queue) > 0:
+			// A SrcAvail's data is on its way.
 		case c.eof:
 			return 0, io.EOF
 		case c.err != nil:
+			return 0, c.opErr("read", c.err)
+		}
+		if c.err != nil {
 			return 0, c.opErr("read", c.err)
 		}
 		if !c.wait(c.rdDeadline) {
@@ -446,7 +649,23 @@ func (c *Conn) Write(b []byte) (int, error) {
 		case c.wrClosed:
 			return n, c.opErr("write", syscall.EPIPE)
 		}
-		if c.credits() > reserve && len(c.free) > 0 {
+		// Nothing goes while a SrcAvail is outstanding: declined, its
+		// data must be next in the stream.
+		if c.zsrc == 0 && c.credits() > reserve && len(c.free) > 0 {
+			if rest := len(b) - n; c.threshold > 0 && rest >= c.threshold {
+				k := min(rest, zSize)
+				copy(c.zbuf.Bytes, b[n:n+k])
+				var x [16]byte
+				SrcAvail{Len: uint32(k), STag: c.zlmr.Context, VA: c.zlmr.Address(0)}.Put(x[:])
+				if err := c.send(MIDSrcAvail, x[:]); err != nil {
+					c.fail(fmt.Errorf("sdp: send: %w", err))
+					continue
+				}
+				c.zsrc = k
+				c.stats.ZcopySent += uint64(k)
+				n += k
+				continue
+			}
 			k := min(len(b)-n, c.maxData())
 			if err := c.send(MIDData, b[n:n+k]); err != nil {
 				c.fail(fmt.Errorf("sdp: send: %w", err))
@@ -519,6 +738,18 @@ func (c *Conn) SetLinger(sec int) error {
 	return nil
 }
 
+// SetZcopyThreshold sets the size from which a Write goes by Read Zcopy
+// (DefaultZcopyThreshold to begin with); 0 sends everything by Bcopy.
+func (c *Conn) SetZcopyThreshold(n int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return c.opErr("set", net.ErrClosed)
+	}
+	c.threshold = max(n, 0)
+	return nil
+}
+
 // SetNoDelay is accepted for TCP's sake: every Write is sent at once.
 func (c *Conn) SetNoDelay(bool) error { return c.setOK() }
 
@@ -554,6 +785,11 @@ func (c *Conn) Close() error {
 	c.closed = true
 	c.notify()
 	linger := c.linger
+	if len(c.queue) > 0 {
+		// Data not read: the peer is reset, as Linux resets a TCP
+		// connection closed with unread data.
+		linger = 0
+	}
 	c.mu.Unlock()
 	switch {
 	case linger == 0:
@@ -571,7 +807,7 @@ func (c *Conn) Close() error {
 func (c *Conn) finish(deadline time.Time) {
 	c.mu.Lock()
 	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(deadline) == nil
-	for graceful && c.err == nil && c.sendsOut > 0 {
+	for graceful && c.err == nil && (c.sendsOut > 0 || c.zsrc > 0) {
 		graceful = c.wait(deadline)
 	}
 	graceful = graceful && c.err == nil

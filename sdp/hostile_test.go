@@ -1,6 +1,7 @@
 package sdp_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/sdp"
 )
 
@@ -20,6 +22,7 @@ import (
 type rawPeer struct {
 	sent int // sends posted, each from a buffer of its own
 	ia   *client.IA
+	pz   *client.PZ
 	evd  *client.EVD
 	ep   *client.EP
 	buf  *client.Buffer
@@ -37,8 +40,9 @@ func newRawPeer(t *testing.T, sock string) *rawPeer {
 	t.Cleanup(func() { ia.Close() })
 	p := &rawPeer{ia: ia}
 	pz, _ := ia.CreatePZ()
+	p.pz = pz
 	p.buf, _ = ia.Alloc(1 << 20)
-	p.lmr, _ = pz.RegisterLMR(p.buf, client.LocalWrite)
+	p.lmr, _ = pz.RegisterLMR(p.buf, client.LocalWrite|client.RemoteRead)
 	p.evd, _ = ia.CreateEVD(client.EVDOptions{Depth: 64, Kind: client.DTOEvents | client.ConnectionEvents})
 	p.ep, err = ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: p.evd, RequestEVD: p.evd, ConnectEVD: p.evd, SQDepth: 16, RQDepth: 16, IRD: 1, ORD: 1})
 	if err != nil {
@@ -248,4 +252,154 @@ func TestSilentAndHalfClients(t *testing.T) {
 	}
 	c1.Close()
 	c2.Close()
+}
+
+// recv waits for the raw peer's next received message.
+func (p *rawPeer) recv(t *testing.T) (sdp.BSDH, []byte) {
+	t.Helper()
+	for {
+		ev, _, err := p.evd.WaitTimeout(10*time.Second, 1)
+		if err != nil {
+			t.Fatalf("raw peer: %v", err)
+		}
+		if ev.Type == client.DTOCompletion && ev.Opcode == completion.OpRecv {
+			if ev.Status != completion.Success {
+				t.Fatalf("raw peer's receive: %v", ev.Status)
+			}
+			m := append([]byte(nil), p.buf.Bytes[ev.Cookie<<16:ev.Cookie<<16+uint64(ev.Length)]...)
+			p.ep.PostRecv(ev.Cookie, []client.Segment{{LMR: p.lmr, Offset: ev.Cookie << 16, Length: 1 << 16}})
+			h, err := sdp.ParseBSDH(m)
+			if err != nil {
+				t.Fatalf("raw peer received: %v", err)
+			}
+			return h, m
+		}
+		if ev.Type == client.ConnectionEvent {
+			t.Fatalf("raw peer: %v", ev.Conn)
+		}
+	}
+}
+
+func pattern(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7) ^ seed
+	}
+	return b
+}
+
+// A peer's SrcAvail is read with RDMA Read and answered with RdmaRdCompl,
+// in its place in the stream; one it withdraws at once is declined
+// (SendSM, then its data comes by Bcopy) or completed, whichever the
+// race gives.
+func TestSrcAvailFromPeer(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p := newRawPeer(t, sock)
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
+	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
+		t.Fatalf("connect: %v", ev)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	c := r.c
+	defer c.Close()
+	// The source's region: a buffer of its own.
+	const n = 300 << 10
+	srcBuf, err := p.ia.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(srcBuf.Bytes, pattern(n, 1))
+	srcLMR, err := p.pz.RegisterLMR(srcBuf, client.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	avail := func(mseq uint32) []byte {
+		var x [16]byte
+		sdp.SrcAvail{Len: n, STag: srcLMR.Context, VA: srcLMR.Address(0)}.Put(x[:])
+		return msg(sdp.MIDSrcAvail, mseq, x[:])
+	}
+	p.send(t, msg(sdp.MIDData, 1, []byte("head")))
+	p.send(t, avail(2))
+	p.send(t, msg(sdp.MIDData, 3, []byte("tail")))
+	want := append(append([]byte("head"), pattern(n, 1)...), "tail"...)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d octets, err %v; equal %v", len(got), err, bytes.Equal(got, want))
+	}
+	h, m := p.recv(t)
+	if h.MID != sdp.MIDRdmaRdCompl || sdp.ParseLen(m) != n {
+		t.Fatalf("the source got %v (%d octets), want RdmaRdCompl of %d", h.MID, len(m), n)
+	}
+	if st := c.(*sdp.Conn).Stats(); st.ZcopyReceived != n {
+		t.Errorf("ZcopyReceived %d, want %d", st.ZcopyReceived, n)
+	}
+
+	// Withdrawn at once.
+	p.send(t, avail(4))
+	p.send(t, msg(sdp.MIDSrcAvailCancel, 5, nil))
+	h, _ = p.recv(t)
+	switch h.MID {
+	case sdp.MIDSendSM:
+		p.send(t, msg(sdp.MIDData, 6, pattern(60000, 1)))
+		want = pattern(60000, 1)
+	case sdp.MIDRdmaRdCompl:
+		want = pattern(n, 1)
+	default:
+		t.Fatalf("the cancel was answered with %v", h.MID)
+	}
+	got = make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("after %v: read %d octets, err %v", h.MID, len(got), err)
+	}
+}
+
+// Our SrcAvail declined by the sink (SendSM): the data comes by Bcopy, whole
+// and in order.
+func TestSrcAvailDeclined(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p := newRawPeer(t, sock)
+	ch := make(chan net.Conn, 1)
+	go func() { c, _ := acceptOne(ln, 10*time.Second); ch <- c }()
+	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
+		t.Fatalf("connect: %v", ev)
+	}
+	c := <-ch
+	if c == nil {
+		t.Fatal("nothing accepted")
+	}
+	defer c.Close()
+	p.send(t, msg(sdp.MIDData, 1, nil)) // MPA: the initiator speaks first
+	data := pattern(100<<10, 3)
+	if _, err := c.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	h, _ := p.recv(t)
+	if h.MID != sdp.MIDSrcAvail {
+		t.Fatalf("a 100 KiB Write came as %v, want SrcAvail", h.MID)
+	}
+	b := make([]byte, sdp.BSDHLen)
+	sdp.BSDH{MID: sdp.MIDSendSM, Bufs: 16, Len: sdp.BSDHLen, MSeq: 2, MSeqAck: h.MSeq}.Put(b)
+	p.send(t, b)
+	var got []byte
+	for len(got) < len(data) {
+		h, m := p.recv(t)
+		if h.MID != sdp.MIDData {
+			t.Fatalf("after SendSM: %v", h.MID)
+		}
+		got = append(got, m[sdp.BSDHLen:]...)
+	}
+	if !bytes.Equal(got, data) {
+		t.Fatal("the declined SrcAvail's data differs")
+	}
 }

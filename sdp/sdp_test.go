@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"errors"
 	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
@@ -165,6 +167,9 @@ func TestStreamBothWays(t *testing.T) {
 		if st.MinCredits < 0 {
 			t.Errorf("credits went to %d", st.MinCredits)
 		}
+		if st.ZcopySent == 0 || st.ZcopySent == total {
+			t.Errorf("%d of %d octets went by Read Zcopy: want some, and some by Bcopy", st.ZcopySent, total)
+		}
 		t.Logf("%+v", st)
 	}
 }
@@ -229,5 +234,88 @@ func echo(t *testing.T, c net.Conn) {
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
 		t.Fatalf("echo: %q %v", got, err)
+	}
+}
+
+// Closing either end in the middle of a Read Zcopy transfer ends the other
+// end's calls with an error or EOF, never a hang, and nothing read is
+// other than what was written.
+func TestCloseDuringZcopy(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i * 13)
+	}
+	for _, closer := range []string{"reader", "writer"} {
+		t.Run(closer, func(t *testing.T) {
+			w, r, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+			defer r.Close()
+			werr := make(chan error, 1)
+			go func() {
+				for range 64 {
+					if _, err := w.Write(data); err != nil {
+						werr <- err
+						return
+					}
+				}
+				werr <- nil
+			}()
+			buf := make([]byte, 100<<10)
+			n := 0
+			for n < 5<<20 {
+				k, err := r.Read(buf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range k {
+					if buf[i] != byte((n+i)%len(data)*13) {
+						t.Fatalf("octet %d differs", n+i)
+					}
+				}
+				n += k
+			}
+			if closer == "reader" {
+				r.Close()
+				select {
+				case err := <-werr:
+					if err == nil {
+						t.Fatal("every Write succeeded after the reader closed")
+					}
+				case <-time.After(15 * time.Second):
+					t.Fatal("the writer hangs after the reader closed")
+				}
+				return
+			}
+			w.Close()
+			select {
+			case err := <-werr:
+				if err == nil {
+					t.Fatal("every Write succeeded though the writer closed")
+				}
+			case <-time.After(15 * time.Second):
+				t.Fatal("a Write hangs after Close")
+			}
+			r.SetReadDeadline(time.Now().Add(15 * time.Second))
+			for {
+				k, err := r.Read(buf)
+				for i := range k {
+					if buf[i] != byte((n+i)%len(data)*13) {
+						t.Fatalf("octet %d differs", n+i)
+					}
+				}
+				n += k
+				if err != nil {
+					if errors.Is(err, os.ErrDeadlineExceeded) {
+						t.Fatalf("the reader hangs after the writer closed (%d octets read)", n)
+					}
+					break
+				}
+			}
+		})
 	}
 }
