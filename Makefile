@@ -74,6 +74,8 @@ test: deps
 	# The race detector slows the datapath tenfold, so under it the volume
 	# test moves 128 MiB per operation; the full 1 GiB runs here.
 	$(GO) test -count=1 -timeout 10m -run 'TestVolume' -v ./rnic/ | grep -E '^(---|ok|FAIL|PASS)|SHA-256'
+	# Likewise SDP's volume between two namespaces: 1 GiB each way.
+	$(GO) test -count=1 -timeout 10m -run 'TestSDPTwoHosts/.*/volume' -v ./systest/ | grep -E '^\s*(---|ok|FAIL|PASS)|SHA-256'
 	# Interoperability with Linux siw (make interop) needs root for the
 	# guest build: always run in CI (CI as internal/testenv reads it),
 	# skipped with a message elsewhere.

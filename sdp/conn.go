@@ -96,6 +96,7 @@ type Conn struct {
 	ctrl             []ctrlMsg
 	threshold        int
 	eof              bool // the peer's DisConn came (after the queued data)
+	gone             bool // the connection's DISCONNECTED event came
 	wrClosed, closed bool
 	err              error // the connection is broken: reset, protocol error
 	rdDeadline       time.Time
@@ -305,13 +306,19 @@ func (c *Conn) events(ctx context.Context) {
 		case client.ConnectionEvent:
 			switch ev.Conn {
 			case client.Disconnected:
-				if c.eof {
-					// After the peer's DisConn: Reads see EOF,
-					// Writes a broken pipe.
-					c.fail(syscall.EPIPE)
-				} else {
-					// The connection closed without a DisConn.
-					c.fail(syscall.ECONNRESET)
+				// The event can overtake the completions of the
+				// last messages (a DisConn among them): what it
+				// means is decided once every posted receive has
+				// completed or been flushed (settle), or after
+				// settleAfter at the latest.
+				if !c.gone {
+					c.gone = true
+					time.AfterFunc(settleAfter, func() {
+						c.mu.Lock()
+						c.settled()
+						c.mu.Unlock()
+					})
+					c.settle()
 				}
 			default:
 				c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Conn))
@@ -319,6 +326,28 @@ func (c *Conn) events(ctx context.Context) {
 			c.notify()
 		}
 		c.mu.Unlock()
+	}
+}
+
+// settleAfter bounds the wait for the completions a disconnect overtook.
+const settleAfter = 2 * time.Second
+
+// settle decides what the peer's disconnect means once no receive or Read
+// is outstanding (c.mu held).
+func (c *Conn) settle() {
+	if c.gone && c.posted == 0 && !c.reading {
+		c.settled()
+	}
+}
+
+// settled ends the connection after the peer's disconnect: Reads see EOF
+// after its DisConn, Writes a broken pipe; without a DisConn both see a
+// reset (c.mu held).
+func (c *Conn) settled() {
+	if c.eof {
+		c.fail(syscall.EPIPE)
+	} else {
+		c.fail(syscall.ECONNRESET)
 	}
 }
 
@@ -338,11 +367,12 @@ func (c *Conn) completion(ev client.Event) {
 		c.posted--
 	}
 	if ev.Status != completion.Success {
-		// Flushed at the end: after the peer's DisConn, or our Close,
-		// that is no error.
-		if c.err == nil && !c.closed && !c.eof {
+		// Flushed at the end: after the peer's disconnect (settle
+		// says what it means), or our Close, that is no error.
+		if c.err == nil && !c.closed && !c.eof && !c.gone {
 			c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Status))
 		}
+		c.settle()
 		return
 	}
 	switch {
@@ -352,6 +382,7 @@ func (c *Conn) completion(ev client.Event) {
 		c.received(idx, int(ev.Length))
 	}
 	c.pump()
+	c.settle()
 }
 
 // received handles the message in receive buffer idx (c.mu held).
@@ -534,7 +565,7 @@ func (c *Conn) abort(why error) {
 // update if the peer has fewer than half our buffers to send into and
 // nothing of ours is about to tell it (c.mu held).
 func (c *Conn) repost(idx int) {
-	if c.err != nil || c.closed {
+	if c.err != nil || c.closed || c.gone {
 		return
 	}
 	if err := c.ep.PostRecv(uint64(idx), []client.Segment{c.seg(idx, bufSize)}); err != nil {

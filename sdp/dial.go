@@ -132,9 +132,11 @@ type Dialer struct {
 	// HelloTimeout bounds the RDMA connection's setup (TCP, MPA and
 	// the Hello); past it Dial falls back to TCP (default 2 s).
 	HelloTimeout time.Duration
-	// TCP is the dialer of the fallback, and of everything the
-	// connection's TCP options apply to.
+	// TCP is the dialer of the fallback.
 	TCP net.Dialer
+	// Fallback, when not nil, dials the fallback instead of TCP (a
+	// proxy's dialer, or one in another network namespace).
+	Fallback func(ctx context.Context, network, address string) (net.Conn, error)
 	// NoFallback makes Dial fail where it would fall back to TCP.
 	NoFallback bool
 }
@@ -157,6 +159,9 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 	}
 	if d.NoFallback || ctx.Err() != nil {
 		return nil, &net.OpError{Op: "dial", Net: "sdp", Err: err}
+	}
+	if d.Fallback != nil {
+		return d.Fallback(ctx, network, address)
 	}
 	return d.TCP.DialContext(ctx, network, address)
 }

@@ -67,7 +67,14 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 		nl.Close()
 		return nil, fmt.Errorf("sdp: listen %s: %s is not TCP", address, network)
 	}
-	l := &Listener{cfg: *lc, tcp: tl, queue: make(chan net.Conn, 128), closed: make(chan struct{})}
+	return NewListener(tl, *lc), nil
+}
+
+// NewListener serves SDP and TCP clients on a TCP listener made elsewhere
+// (inherited from systemd, or made in another network namespace); the
+// Listener owns it from now on.
+func NewListener(tl *net.TCPListener, cfg ListenConfig) *Listener {
+	l := &Listener{cfg: cfg, tcp: tl, queue: make(chan net.Conn, 128), closed: make(chan struct{})}
 	if l.cfg.DetectTimeout <= 0 {
 		l.cfg.DetectTimeout = 250 * time.Millisecond
 	}
@@ -76,7 +83,7 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 	}
 	l.wg.Add(1)
 	go l.acceptLoop()
-	return l, nil
+	return l
 }
 
 // Addr is the listener's address.

@@ -1,0 +1,255 @@
+package systest
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/net/nettest"
+
+	"github.com/softrnic/softrnic/internal/testenv"
+	"github.com/softrnic/softrnic/internal/topology"
+	"github.com/softrnic/softrnic/sdp"
+)
+
+// SDP between two namespaces, each with its softrnicd, on both datapaths
+// and on an impaired link: sdp connections behave as a net.Conn must
+// (x/net's conformance test), move 1 GiB each way at once with random
+// write and read sizes, SHA-256 equal (128 MiB under the race detector;
+// make test runs the whole of it without), and fall back to TCP both
+// ways.
+func TestSDPTwoHosts(t *testing.T) {
+	testenv.RequireRoot(t)
+	tp := topology.NewTest(t, topology.Options{})
+	dir := t.TempDir()
+	build(t, dir)
+	cases := []struct {
+		name string
+		args []string
+	}{
+		{"kernel", nil},
+		{"xdp", []string{"--datapath", "xdp"}},
+		{"xdp-lossy", []string{"--datapath", "xdp", "--impair", "loss=0.2%%,reorder=0.2%%,duplicate=0.1%%,seed=%d"}},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			args := func(side int) []string {
+				a := append([]string{"--cpus", fmt.Sprint(side)}, tc.args...)
+				for j := range a {
+					if a[j] == "--impair" {
+						a[j+1] = fmt.Sprintf(a[j+1], side+1)
+					}
+				}
+				return a
+			}
+			sockA, sockB := filepath.Join(dir, fmt.Sprintf("sdp-a%d.sock", i)), filepath.Join(dir, fmt.Sprintf("sdp-b%d.sock", i))
+			da, err := startDaemonProc(tp.A, dir, "A", sockA, args(0)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer da.kill()
+			db, err := startDaemonProc(tp.B, dir, "B", sockB, args(1)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer db.kill()
+			defer func() {
+				if t.Failed() {
+					t.Logf("daemon A:\n%s\ndaemon B:\n%s", da.out.String(), db.out.String())
+				}
+			}()
+			port := uint16(27000 + 10*i)
+			tl, err := tp.B.ListenTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sockB})
+			defer ln.Close()
+			d := &sdp.Dialer{Socket: sockA, NoFallback: true}
+			addr := ln.Addr().String()
+			pipe := func() (net.Conn, net.Conn, error) {
+				ch := make(chan net.Conn, 1)
+				go func() {
+					c, _ := ln.Accept()
+					ch <- c
+				}()
+				c1, err := d.DialContext(context.Background(), "tcp", addr)
+				if err != nil {
+					return nil, nil, err
+				}
+				c2 := <-ch
+				if _, ok := c2.(*sdp.Conn); !ok {
+					c1.Close()
+					return nil, nil, fmt.Errorf("accepted a %T, want *sdp.Conn", c2)
+				}
+				return c1, c2, nil
+			}
+			if tc.name != "xdp-lossy" {
+				t.Run("nettest", func(t *testing.T) {
+					nettest.TestConn(t, func() (c1, c2 net.Conn, stop func(), err error) {
+						c1, c2, err = pipe()
+						if err != nil {
+							return nil, nil, nil, err
+						}
+						return c1, c2, func() { c1.Close(); c2.Close() }, nil
+					})
+				})
+			}
+			t.Run("volume", func(t *testing.T) {
+				c1, c2, err := pipe()
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c1.Close()
+				defer c2.Close()
+				total := 1 << 30
+				if testenv.Race {
+					total = 128 << 20
+				}
+				start := time.Now()
+				errs := make(chan error, 2)
+				go func() { errs <- streamVerified(c1, c2, total, 1) }()
+				go func() { errs <- streamVerified(c2, c1, total, 2) }()
+				for range 2 {
+					if err := <-errs; err != nil {
+						t.Fatal(err)
+					}
+				}
+				el := time.Since(start)
+				t.Logf("%d MiB each way at once, SHA-256 equal, in %v (%.2f Gbit/s each way); dialer %+v, acceptor %+v",
+					total>>20, el.Round(time.Millisecond), float64(total)*8/el.Seconds()/1e9, c1.(*sdp.Conn).Stats(), c2.(*sdp.Conn).Stats())
+				for _, c := range []net.Conn{c1, c2} {
+					if st := c.(*sdp.Conn).Stats(); st.MinCredits < 0 || st.ZcopySent == 0 {
+						t.Errorf("stats %+v: credits below zero, or no Read Zcopy", st)
+					}
+				}
+			})
+			if tc.name == "xdp-lossy" {
+				return
+			}
+			t.Run("fallback", func(t *testing.T) {
+				// A plain TCP client of the sdp listener.
+				go func() {
+					c, err := ln.Accept()
+					if err != nil {
+						return
+					}
+					defer c.Close()
+					if _, ok := c.(*net.TCPConn); !ok {
+						t.Errorf("a TCP client accepted as a %T", c)
+					}
+					io.Copy(c, c)
+				}()
+				c, err := tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port), 5*time.Second)
+				if err != nil {
+					t.Fatal(err)
+				}
+				echoOnce(t, c)
+				// An sdp dialer of a plain TCP server.
+				plain, err := tp.B.ListenTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port+1))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer plain.Close()
+				go func() {
+					for {
+						c, err := plain.Accept()
+						if err != nil {
+							return
+						}
+						go func() { defer c.Close(); io.Copy(c, c) }()
+					}
+				}()
+				fd := &sdp.Dialer{Socket: sockA, HelloTimeout: 2 * time.Second,
+					Fallback: func(ctx context.Context, network, address string) (net.Conn, error) {
+						return tp.A.DialTCP(netip.MustParseAddrPort(address), 5*time.Second)
+					}}
+				fc, err := fd.DialContext(context.Background(), "tcp", plain.Addr().String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, ok := fc.(*net.TCPConn); !ok {
+					t.Fatalf("dialed a %T to a plain TCP server", fc)
+				}
+				echoOnce(t, fc)
+			})
+		})
+	}
+}
+
+// streamVerified writes total octets of a seeded stream to w in random
+// sizes, half-closes, and reads them from r in random sizes to EOF: the
+// SHA-256 of what was read must be what was written.
+func streamVerified(w, r net.Conn, total int, seed uint64) error {
+	errc := make(chan error, 1)
+	var sent [32]byte
+	go func() {
+		rng := rand.New(rand.NewPCG(seed, 1))
+		h := sha256.New()
+		buf := make([]byte, 512<<10)
+		for n := 0; n < total; {
+			k := min(1+rng.IntN(len(buf)), total-n)
+			for i := 0; i < k; i += 8 {
+				v := rng.Uint64()
+				for j := 0; j < 8 && i+j < k; j++ {
+					buf[i+j] = byte(v >> (8 * j))
+				}
+			}
+			h.Write(buf[:k])
+			if _, err := w.Write(buf[:k]); err != nil {
+				errc <- fmt.Errorf("write: %w", err)
+				return
+			}
+			n += k
+		}
+		copy(sent[:], h.Sum(nil))
+		errc <- w.(interface{ CloseWrite() error }).CloseWrite()
+	}()
+	rng := rand.New(rand.NewPCG(seed, 2))
+	h := sha256.New()
+	buf := make([]byte, 600<<10)
+	n := 0
+	_ = r.SetReadDeadline(time.Now().Add(5 * time.Minute))
+	for {
+		k, err := r.Read(buf[:1+rng.IntN(len(buf))])
+		h.Write(buf[:k])
+		n += k
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return fmt.Errorf("read after %d octets: %w", n, err)
+		}
+	}
+	if err := <-errc; err != nil {
+		return err
+	}
+	if n != total {
+		return fmt.Errorf("read %d octets, want %d", n, total)
+	}
+	if got := h.Sum(nil); string(got) != string(sent[:]) {
+		return fmt.Errorf("SHA-256 differs: sent %x, read %x", sent, got)
+	}
+	return nil
+}
+
+func echoOnce(t *testing.T, c net.Conn) {
+	t.Helper()
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("by whichever path won")
+	if _, err := c.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
+		t.Fatalf("echo: %q %v", got, err)
+	}
+}
