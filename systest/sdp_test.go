@@ -8,14 +8,17 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"golang.org/x/net/nettest"
 
+	"github.com/softrnic/softrnic/internal/capture"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
+	"github.com/softrnic/softrnic/internal/tshark"
 	"github.com/softrnic/softrnic/sdp"
 )
 
@@ -134,6 +137,11 @@ func TestSDPTwoHosts(t *testing.T) {
 			if tc.name == "xdp-lossy" {
 				return
 			}
+			if tc.name == "kernel" {
+				// tcpdump sees both directions only where neither
+				// end's frames bypass the kernel.
+				t.Run("wireshark", func(t *testing.T) { sdpWireshark(t, tp, dir, pipe, port) })
+			}
 			t.Run("fallback", func(t *testing.T) {
 				// A plain TCP client of the sdp listener.
 				go func() {
@@ -251,5 +259,137 @@ func echoOnce(t *testing.T, c net.Conn) {
 	got := make([]byte, len(msg))
 	if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
 		t.Fatalf("echo: %q %v", got, err)
+	}
+}
+
+// sdpWireshark captures one connection's life (Hello, HelloAck, Data,
+// SrcAvail, the RDMA Read, RdmaRdCompl, DisConn) and decodes it with
+// Wireshark's InfiniBand SDP dissector through sdp/wireshark/sdp-iwarp.lua:
+// every message each side sent decodes, in MSeq order, with the lengths
+// and buffer sizes sent.
+func sdpWireshark(t *testing.T, tp *topology.Pair, dir string, pipe func() (net.Conn, net.Conn, error), port uint16) {
+	testenv.RequireTool(t, "tshark")
+	pcap := filepath.Join(dir, "sdp.pcap")
+	cp, err := capture.Start(tp.B, tp.B.Link, fmt.Sprintf("tcp port %d", port), pcap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, c2, err := pipe()
+	if err != nil {
+		cp.Stop()
+		t.Fatal(err)
+	}
+	small, large := make([]byte, 100), make([]byte, 200<<10)
+	for _, m := range [][]byte{small, large, small} {
+		if _, err := c1.Write(m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(c2, make([]byte, len(m))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Each side's DisConn reaches the other: a half-close, then the
+	// other side's Close, then the first's.
+	if err := c1.(*sdp.Conn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c2.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read after the peer's CloseWrite: %v, want EOF", err)
+	}
+	c2.Close()
+	if _, err := c1.Read(make([]byte, 1)); err != io.EOF {
+		t.Fatalf("read after the peer's Close: %v, want EOF", err)
+	}
+	c1.Close()
+	// Close finishes in the background; the counters are final once it
+	// has.
+	time.Sleep(500 * time.Millisecond)
+	st1, st2 := c1.(*sdp.Conn).Stats(), c2.(*sdp.Conn).Stats()
+	if err := cp.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	lua, err := filepath.Abs("../sdp/wireshark/sdp-iwarp.lua")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkts, err := tshark.Dissect(pcap, append([]string{"-X", "lua_script:" + lua}, tshark.IWARPArgs...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if t.Failed() {
+			if b, err := os.ReadFile(pcap); err == nil {
+				kept := filepath.Join(os.TempDir(), "sdp-wireshark-failed.pcap")
+				if os.WriteFile(kept, b, 0o644) == nil {
+					t.Logf("the capture is kept in %s", kept)
+				}
+			}
+		}
+	}()
+	// Per direction (the dialer's source port, the listener's): the
+	// messages in order.
+	type msg struct {
+		mid, len, mseq uint64
+		rcvsz          uint64
+	}
+	msgs := map[bool][]msg{}
+	for _, p := range pkts {
+		sp, _ := p.Field("tcp.srcport")
+		fromListener := sp.Show == fmt.Sprint(port)
+		for _, pr := range p.Protos {
+			if pr.Name != "infiniband_sdp" {
+				continue
+			}
+			var m msg
+			for name, v := range map[string]*uint64{"infiniband_sdp.bsdh.mid": &m.mid, "infiniband_sdp.bsdh.len": &m.len,
+				"infiniband_sdp.bsdh.mseq": &m.mseq} {
+				f, ok := pr.Get(name)
+				if !ok {
+					t.Fatalf("packet %d: SDP without %s", p.Number, name)
+				}
+				if *v, err = f.Uint(); err != nil {
+					t.Fatalf("packet %d: %s: %v", p.Number, name, err)
+				}
+			}
+			if f, ok := pr.Get("infiniband_sdp.hh.localrcvsz"); ok {
+				m.rcvsz, _ = f.Uint()
+			}
+			msgs[fromListener] = append(msgs[fromListener], m)
+		}
+	}
+	for _, side := range []struct {
+		name     string
+		listener bool
+		sent     uint64
+		first    uint64
+	}{{"dialer", false, st1.MessagesSent, uint64(sdp.MIDHello)}, {"listener", true, st2.MessagesSent, uint64(sdp.MIDHelloAck)}} {
+		ms := msgs[side.listener]
+		if uint64(len(ms)) != side.sent+1 {
+			t.Errorf("%s: %d SDP messages decoded, want its %d and its Hello or HelloAck: %v", side.name, len(ms), side.sent, ms)
+			continue
+		}
+		if ms[0].mid != side.first || ms[0].mseq != 0 {
+			t.Errorf("%s: first message %+v", side.name, ms[0])
+		}
+		for i, m := range ms[1:] {
+			if m.mseq != uint64(i+1) {
+				t.Errorf("%s: message %d has MSeq %d", side.name, i+1, m.mseq)
+			}
+		}
+		t.Logf("%s: %d SDP messages decoded by Wireshark: %v", side.name, len(ms), ms)
+	}
+	seen := map[uint64]bool{}
+	for _, ms := range msgs {
+		for _, m := range ms {
+			seen[m.mid] = true
+		}
+	}
+	for _, mid := range []sdp.MID{sdp.MIDHello, sdp.MIDHelloAck, sdp.MIDData, sdp.MIDSrcAvail, sdp.MIDRdmaRdCompl, sdp.MIDDisConn} {
+		if !seen[uint64(mid)] {
+			t.Errorf("no %v decoded", mid)
+		}
+	}
+	if hello := msgs[false]; len(hello) > 0 && hello[0].rcvsz != 64<<10 {
+		t.Errorf("the Hello's LocalRcvSz decodes as %d", hello[0].rcvsz)
 	}
 }
