@@ -24,7 +24,7 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== building"
-go build -o "$bin/" ./cmd/softrnicd ./cmd/softrnic-example
+go build -o "$bin/" ./cmd/softrnicd ./cmd/softrnic-example ./cmd/softrnic-sdp-example
 
 wait_socket() {
 	for _ in $(seq 100); do [ -S "$1" ] && return 0; sleep 0.05; done
@@ -83,4 +83,16 @@ pids+=($spid)
 sleep 0.3
 "${run_a[@]}" timeout 120 "$bin/softrnic-example" client --stream --socket "$sock_a" --server "$server:$port" --size "$SIZE"
 wait "$spid"
+
+echo "== sockets over RDMA: a TCP echo server and client switched to SDP by one import (softrnic-sdp-example)"
+port=$((port + 1))
+"${run_b[@]}" timeout 60 "$bin/softrnic-sdp-example" server --socket "$sock_b" "$server:$port" &
+spid=$!
+pids+=($spid)
+sleep 0.3
+"${run_a[@]}" timeout 60 "$bin/softrnic-sdp-example" client --socket "$sock_a" --size "$SIZE" "$server:$port"
+echo "   and with offload turned off (SOFTRNIC_SDP=off), the same programs speak plain TCP:"
+"${run_a[@]}" env SOFTRNIC_SDP=off timeout 60 "$bin/softrnic-sdp-example" client --socket "$sock_a" --size "$SIZE" "$server:$port"
+kill "$spid" 2>/dev/null || true
+wait "$spid" 2>/dev/null || true
 echo "== demo passed"

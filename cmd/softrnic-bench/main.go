@@ -41,6 +41,15 @@ func main() {
 			exit(tcpStream(os.Args[2:]))
 		case "tcp-ping":
 			exit(tcpPing(os.Args[2:]))
+		case "sdp-server":
+			useSDP = true
+			exit(tcpServer(os.Args[2]))
+		case "sdp-stream":
+			useSDP = true
+			exit(tcpStream(os.Args[2:]))
+		case "sdp-ping":
+			useSDP = true
+			exit(tcpPing(os.Args[2:]))
 		}
 	}
 	bin := flag.String("bin", "", "directory with softrnicd and softrnic-perf")
@@ -111,6 +120,8 @@ type Results struct {
 	// Alternation is the old build against this one, for issue 15's
 	// targets 3 and 4.
 	Alternation *Alternation `json:"alternation"`
+	// SDP is issue 20's column, by datapath.
+	SDP map[string]SDP `json:"sdp"`
 }
 
 // Bare holds the xsk package's benchmarks of bare AF_XDP (MTU 1500):
@@ -161,7 +172,7 @@ func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 	}
 	defer pair.Close()
 	b.net, b.self = pair, self
-	res := Results{When: time.Now().UTC(), MTU: mtu, CRC: b.crc, Datapaths: map[string]Softrnc{}}
+	res := Results{When: time.Now().UTC(), MTU: mtu, CRC: b.crc, Datapaths: map[string]Softrnc{}, SDP: map[string]SDP{}}
 	fmt.Printf("== two hosts over veth, MTU %d, offloads off, CRC %v\n", mtu, b.crc)
 
 	fmt.Println("== kernel TCP baseline")
@@ -185,10 +196,13 @@ func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 
 	for _, dp := range []string{"kernel", "xdp"} {
 		fmt.Printf("== softrnic, %s datapath\n", dp)
-		k, err := b.softrnic(dp)
+		k, sd, err := b.softrnic(dp)
 		if err != nil {
 			return err
 		}
+		sd.SendRatio = sd.Stream64K.Gbps / k.Send[5].Gbps
+		sd.TCPRatio = sd.PingPong.Median / res.KernelTCPLat.Median
+		res.SDP[dp] = sd
 		for _, pts := range [][]Point{k.Write, k.Read, k.Send} {
 			for i := range pts {
 				pts[i].Ratio = pts[i].Gbps / res.KernelTCP[i].Gbps
@@ -220,6 +234,7 @@ func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 	}
 	table(&res)
 	issue15(&res)
+	sdpTargets(&res)
 	fmt.Printf("\nresults: %s, plots: %s\n", filepath.Join(outDir, "results.json"), filepath.Join(outDir, "*.png"))
 	return nil
 }
@@ -363,13 +378,18 @@ func (b *bench) offloadsOn(mtu int) (float64, error) {
 
 // softrnic measures the datapath with this tree's build: every bandwidth
 // point of the three tests, then the two round trips.
-func (b *bench) softrnic(datapath string) (Softrnc, error) {
-	var k Softrnc
+// With the rig's daemons, the sdp column (issue 20) after them.
+func (b *bench) softrnic(datapath string) (k Softrnc, s SDP, err error) {
 	r, err := b.startRig(b.bin, datapath)
 	if err != nil {
-		return k, err
+		return k, s, err
 	}
 	defer r.Close()
+	defer func() {
+		if err == nil {
+			s, err = r.sdpColumn()
+		}
+	}()
 	bw := func(test string) ([]Point, error) {
 		var pts []Point
 		for _, s := range sizes {
@@ -383,13 +403,13 @@ func (b *bench) softrnic(datapath string) (Softrnc, error) {
 		return pts, nil
 	}
 	if k.Write, err = bw("write_bw"); err != nil {
-		return k, err
+		return k, s, err
 	}
 	if k.Read, err = bw("read_bw"); err != nil {
-		return k, err
+		return k, s, err
 	}
 	if k.Send, err = bw("send_bw"); err != nil {
-		return k, err
+		return k, s, err
 	}
 	k.Rate64 = k.Write[0].Mpps
 	lat := func(test string) (Latency, error) {
@@ -401,12 +421,12 @@ func (b *bench) softrnic(datapath string) (Softrnc, error) {
 		return l, nil
 	}
 	if k.WriteLat, err = lat("write_lat"); err != nil {
-		return k, err
+		return k, s, err
 	}
 	if k.ReadLat, err = lat("read_lat"); err != nil {
-		return k, err
+		return k, s, err
 	}
-	return k, nil
+	return k, s, nil
 }
 
 func num(v any) float64 {
@@ -504,10 +524,32 @@ func tableOf(r *Results, dp string) {
 	fmt.Printf("softrnic 64 B Write message rate: %.3f Mpps (kernel TCP 64 B writes: %.3f Mpps)\n", k.Rate64, r.KernelTCP[0].Mpps)
 }
 
-// Baseline helpers, run inside the namespaces.
+// Baseline helpers, run inside the namespaces: kernel TCP, or with useSDP
+// the sdp package's net.Conn.
+
+// useSDP: the helpers listen and dial with sdp (issue 20's column).
+var useSDP bool
+
+func listen(addr string) (net.Listener, error) {
+	if useSDP {
+		return sdpListen(addr)
+	}
+	return net.Listen("tcp4", addr)
+}
+
+func dial(addr string) (net.Conn, error) {
+	if useSDP {
+		return sdpDial(addr)
+	}
+	return net.Dial("tcp4", addr)
+}
+
+type noDelayer interface{ SetNoDelay(bool) error }
+
+type writeCloser interface{ CloseWrite() error }
 
 func tcpServer(addr string) error {
-	ln, err := net.Listen("tcp4", addr)
+	ln, err := listen(addr)
 	if err != nil {
 		return err
 	}
@@ -517,7 +559,7 @@ func tcpServer(addr string) error {
 		return err
 	}
 	defer c.Close()
-	_ = c.(*net.TCPConn).SetNoDelay(true)
+	_ = c.(noDelayer).SetNoDelay(true)
 	var mode [1]byte
 	if _, err := io.ReadFull(c, mode[:]); err != nil {
 		return err
@@ -540,11 +582,11 @@ func tcpServer(addr string) error {
 func tcpStream(args []string) error {
 	size, _ := strconv.Atoi(args[1])
 	secs, _ := strconv.ParseFloat(args[2], 64)
-	c, err := net.Dial("tcp4", args[0])
+	c, err := dial(args[0])
 	if err != nil {
 		return err
 	}
-	_ = c.(*net.TCPConn).SetNoDelay(true)
+	_ = c.(noDelayer).SetNoDelay(true)
 	if _, err := c.Write([]byte{'S'}); err != nil {
 		return err
 	}
@@ -559,7 +601,7 @@ func tcpStream(args []string) error {
 		n += int64(k)
 		msgs++
 	}
-	_ = c.(*net.TCPConn).CloseWrite()
+	_ = c.(writeCloser).CloseWrite()
 	// Wait for the peer to read everything: its close ends our read.
 	_, _ = io.Copy(io.Discard, c)
 	el := time.Since(start).Seconds()
@@ -569,12 +611,12 @@ func tcpStream(args []string) error {
 
 func tcpPing(args []string) error {
 	n, _ := strconv.Atoi(args[1])
-	c, err := net.Dial("tcp4", args[0])
+	c, err := dial(args[0])
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	_ = c.(*net.TCPConn).SetNoDelay(true)
+	_ = c.(noDelayer).SetNoDelay(true)
 	if _, err := c.Write([]byte{'P'}); err != nil {
 		return err
 	}
