@@ -61,8 +61,6 @@ type Conn struct {
 	remote net.Addr
 	// peerRcvSz is the size of each of the peer's receive buffers.
 	peerRcvSz int
-	cancel    context.CancelFunc
-	done      chan struct{} // the event goroutine ended
 	// early are completions that came before ESTABLISHED (see
 	// established).
 	early []client.Event
@@ -71,9 +69,19 @@ type Conn struct {
 	// changed is closed, and replaced, whenever anything a waiting Read,
 	// Write or Close looks at changes.
 	changed chan struct{}
+	// polling: a waiting call sleeps on the EVD for all of them (see
+	// wait); released: the EVD is gone.
+	polling, released bool
+	// fg counts the calls waiting; bgPolling: the one asleep on the EVD
+	// is the background goroutine (see background); stopping: it is to
+	// end, bgDone: it has.
+	fg               int
+	bgPolling        bool
+	stopping, bgDone bool
 	// Send side: free send buffers (indexes), the next MSeq, and what
 	// the peer's latest message said (MSeqAck, Bufs).
 	free              []int
+	inflight          []int // send buffers posted, in order
 	nextMSeq, peerAck uint32
 	peerBufs          uint16
 	sendsOut          int
@@ -85,24 +93,25 @@ type Conn struct {
 	advAck   uint32
 	advBufs  int
 	queue    []rxMsg
-	// Read Zcopy. Source: zsrc, octets of the source region a SrcAvail
-	// advertised that the sink has not read (0: the region is free);
-	// zsrcSM: the sink declined (SendSM), and zsrcSent of them went by
-	// Bcopy. Sink: reading, an RDMA Read is in flight; ctrl, messages
-	// without data waiting for a credit.
-	zsrc, zsrcSent   int
-	zsrcSM           bool
-	reading          bool
-	ctrl             []ctrlMsg
-	threshold        int
-	eof              bool // the peer's DisConn came (after the queued data)
-	gone             bool // the connection's DISCONNECTED event came
-	wrClosed, closed bool
-	err              error // the connection is broken: reset, protocol error
-	rdDeadline       time.Time
-	wrDeadline       time.Time
-	linger           int // SetLinger's; -1 by default
-	stats            Stats
+	// Read Zcopy, source side: the source region is a ring holding what
+	// Writes gave it, from zHead: zAdv octets a SrcAvail advertised, then
+	// zPend not yet advertised (the next SrcAvail's, once the sink has
+	// read the last). zsrcSM: the sink declined the advertised octets
+	// (SendSM), and zsrcSent of them went by Bcopy.
+	zHead, zAdv, zPend int
+	zsrcSent           int
+	zsrcSM             bool
+	reading            bool
+	ctrl               []ctrlMsg
+	threshold          int
+	eof                bool // the peer's DisConn came (after the queued data)
+	gone               bool // the connection's DISCONNECTED event came
+	wrClosed, closed   bool
+	err                error // the connection is broken: reset, protocol error
+	rdDeadline         time.Time
+	wrDeadline         time.Time
+	linger             int // SetLinger's; -1 by default
+	stats              Stats
 }
 
 // Stats count what a connection did.
@@ -140,7 +149,7 @@ type ctrlMsg struct {
 // its completions and connection events, an EP, the buffers, registered,
 // and its receives posted.
 func newConn(t *transport) (*Conn, error) {
-	c := &Conn{t: t, changed: make(chan struct{}), done: make(chan struct{}), linger: -1, threshold: DefaultZcopyThreshold,
+	c := &Conn{t: t, changed: make(chan struct{}), linger: -1, threshold: DefaultZcopyThreshold,
 		stats: Stats{MinCredits: -1}}
 	var err error
 	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
@@ -212,15 +221,13 @@ func (c *Conn) start(peerBufs uint16, peerRcvSz int) {
 	c.peerBufs, c.peerRcvSz = peerBufs, peerRcvSz
 	c.nextMSeq = 1 // the Hello and HelloAck were MSeq 0
 	c.advBufs = recvBufs
-	ctx, cancel := context.WithCancel(context.Background())
-	c.cancel = cancel
 	c.mu.Lock()
 	for _, ev := range c.early {
 		c.completion(ev)
 	}
 	c.early = nil
 	c.mu.Unlock()
-	go c.events(ctx)
+	go c.background()
 }
 
 // established waits for the connection's ESTABLISHED event; completions
@@ -247,34 +254,124 @@ func (c *Conn) credits() int {
 	return int(int32(c.peerAck-c.nextMSeq)) + 1 + int(c.peerBufs)
 }
 
-// notify wakes every waiter (c.mu held).
+// notify wakes every waiter, the one asleep on the EVD too (c.mu held).
 func (c *Conn) notify() {
 	close(c.changed)
 	c.changed = make(chan struct{})
+	if c.polling {
+		c.evd.Interrupt()
+	}
 }
 
-// wait releases c.mu until something changes or the deadline passes, and
-// takes it again; false at the deadline.
-func (c *Conn) wait(deadline time.Time) bool {
+// Events are taken off the EVD by whoever waits for them. One waiter at a
+// time sleeps on the EVD for all (polling), handles what comes and wakes
+// the others. A Read or Write that waits takes that role itself, so that
+// the completion it waits for reaches it with no goroutine in between;
+// while none waits, the connection's background goroutine does, so that
+// what the protocol owes the peer (a declined SrcAvail's data, the answer
+// to a SrcAvailCancel, credits) goes without a call, as a TCP connection's
+// does.
+
+// drain handles the events waiting on the EVD and reports whether there
+// were any (c.mu held).
+func (c *Conn) drain() bool {
+	if c.released || c.polling {
+		return false
+	}
+	any := false
+	for {
+		ev, ok, err := c.evd.Dequeue()
+		if err != nil {
+			c.fail(fmt.Errorf("sdp: %w", err))
+			return true
+		}
+		if !ok {
+			return any
+		}
+		any = true
+		c.handle(ev)
+	}
+}
+
+// wait is a call's wait until something changes or the deadline passes
+// (c.mu held, released meanwhile). Callers look at the deadline
+// themselves.
+func (c *Conn) wait(deadline time.Time) {
+	c.fg++
+	c.await(deadline, false)
+	if c.fg--; c.fg == 0 && !c.polling {
+		c.notify() // the background goroutine takes over
+	}
+}
+
+// await waits as a call (bg false) or as the background goroutine.
+func (c *Conn) await(deadline time.Time, bg bool) {
+	if c.drain() || pastDeadline(deadline) {
+		return
+	}
+	if c.polling && c.bgPolling && !bg {
+		c.evd.Interrupt() // the call takes over from the background
+	}
+	if c.polling || c.released || bg && (c.fg > 0 || c.stopping) {
+		c.follow(deadline)
+		return
+	}
+	c.polling, c.bgPolling = true, bg
+	c.mu.Unlock()
+	ev, err := c.poll(deadline)
+	c.mu.Lock()
+	c.polling, c.bgPolling = false, false
+	switch {
+	case err == nil:
+		c.handle(ev)
+		c.drain()
+	case errors.Is(err, client.ErrInterrupted), errors.Is(err, client.ErrTimeout):
+	default:
+		c.fail(fmt.Errorf("sdp: %w", err))
+	}
+	c.notify() // another waiter may take over
+}
+
+// poll takes the next event as the one asleep on the EVD (c.mu not held).
+// It does not spin first: on two cores a spinning reader starves the daemon
+// that would produce the answer (a 1-octet round trip took 110 µs spinning
+// for 40 µs, 55 µs asleep).
+func (c *Conn) poll(deadline time.Time) (client.Event, error) {
+	d := time.Duration(-1)
+	if !deadline.IsZero() {
+		d = max(time.Until(deadline), 0)
+	}
+	ev, _, err := c.evd.WaitTimeout(d, 1)
+	return ev, err
+}
+
+// follow waits for a change or the deadline (c.mu held, released
+// meanwhile).
+func (c *Conn) follow(deadline time.Time) {
 	ch := c.changed
 	c.mu.Unlock()
 	defer c.mu.Lock()
 	if deadline.IsZero() {
 		<-ch
-		return true
+		return
 	}
-	d := time.Until(deadline)
-	if d <= 0 {
-		return false
-	}
-	t := time.NewTimer(d)
+	t := time.NewTimer(time.Until(deadline))
 	defer t.Stop()
 	select {
 	case <-ch:
-		return true
 	case <-t.C:
-		return false
 	}
+}
+
+// background takes the events while no call waits, until Close.
+func (c *Conn) background() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for !c.stopping {
+		c.await(time.Time{}, true)
+	}
+	c.bgDone = true
+	c.notify()
 }
 
 // fail ends the connection with err, once (c.mu held).
@@ -285,47 +382,32 @@ func (c *Conn) fail(err error) {
 	c.notify()
 }
 
-// events is the connection's event goroutine: it takes the completions and
-// connection events off the EVD until Close.
-func (c *Conn) events(ctx context.Context) {
-	defer close(c.done)
-	for {
-		ev, err := c.evd.Wait(ctx)
-		if err != nil {
-			c.mu.Lock()
-			if ctx.Err() == nil {
-				c.fail(fmt.Errorf("sdp: %w", err))
+// handle takes one event off the EVD (c.mu held).
+func (c *Conn) handle(ev client.Event) {
+	switch ev.Type {
+	case client.DTOCompletion:
+		c.completion(ev)
+	case client.ConnectionEvent:
+		switch ev.Conn {
+		case client.Disconnected:
+			// The event can overtake the completions of the last
+			// messages (a DisConn among them): what it means is
+			// decided once every posted receive has completed or
+			// been flushed (settle), or after settleAfter at the
+			// latest.
+			if !c.gone {
+				c.gone = true
+				time.AfterFunc(settleAfter, func() {
+					c.mu.Lock()
+					c.settled()
+					c.mu.Unlock()
+				})
+				c.settle()
 			}
-			c.mu.Unlock()
-			return
+		default:
+			c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Conn))
 		}
-		c.mu.Lock()
-		switch ev.Type {
-		case client.DTOCompletion:
-			c.completion(ev)
-		case client.ConnectionEvent:
-			switch ev.Conn {
-			case client.Disconnected:
-				// The event can overtake the completions of the
-				// last messages (a DisConn among them): what it
-				// means is decided once every posted receive has
-				// completed or been flushed (settle), or after
-				// settleAfter at the latest.
-				if !c.gone {
-					c.gone = true
-					time.AfterFunc(settleAfter, func() {
-						c.mu.Lock()
-						c.settled()
-						c.mu.Unlock()
-					})
-					c.settle()
-				}
-			default:
-				c.fail(fmt.Errorf("%w: %v", syscall.ECONNRESET, ev.Conn))
-			}
-			c.notify()
-		}
-		c.mu.Unlock()
+		c.notify()
 	}
 }
 
@@ -360,8 +442,17 @@ func (c *Conn) completion(ev client.Event) {
 	case ev.Cookie == readCookie:
 		c.reading = false
 	case idx >= recvBufs && idx < recvBufs+sendBufs:
-		c.free = append(c.free, idx)
-		c.sendsOut--
+		// Sends complete in order, and most are unsignaled: this one's
+		// completion is every earlier one's too.
+		for len(c.inflight) > 0 {
+			done := c.inflight[0]
+			c.inflight = c.inflight[1:]
+			c.free = append(c.free, done)
+			c.sendsOut--
+			if done == idx {
+				break
+			}
+		}
 		c.notify()
 	default:
 		c.posted--
@@ -442,15 +533,15 @@ func (c *Conn) received(idx, n int) {
 			}
 		}
 	case MIDRdmaRdCompl:
-		if k := int(ParseLen(msg)); c.zsrc == 0 || k != c.zsrc {
-			c.abort(fmt.Errorf("%w: RdmaRdCompl of %d octets, %d advertised", ErrMalformed, k, c.zsrc))
+		if k := int(ParseLen(msg)); c.zAdv == 0 || c.zsrcSM || k != c.zAdv {
+			c.abort(fmt.Errorf("%w: RdmaRdCompl of %d octets, %d advertised", ErrMalformed, k, c.zAdv))
 			return
 		}
-		c.zsrc = 0
+		c.zHead, c.zAdv = (c.zHead+c.zAdv)%zSize, 0
 	case MIDSendSM:
 		// Our SrcAvail declined: its data goes by Bcopy (pump). With
 		// none outstanding there is nothing to end.
-		if c.zsrc > 0 {
+		if c.zAdv > 0 {
 			c.zsrcSM = true
 		}
 	case MIDSinkAvail:
@@ -536,16 +627,36 @@ func (c *Conn) pump() {
 		c.ctrl = c.ctrl[1:]
 	}
 	for c.zsrcSM && c.err == nil && c.credits() > reserve && len(c.free) > 0 {
-		k := min(c.zsrc-c.zsrcSent, c.maxData())
-		if err := c.send(MIDData, c.zbuf.Bytes[c.zsrcSent:c.zsrcSent+k]); err != nil {
+		at := c.zHead + c.zsrcSent
+		k := min(c.zAdv-c.zsrcSent, c.maxData())
+		if err := c.send(MIDData, c.zbuf.Bytes[at:at+k]); err != nil {
 			c.fail(fmt.Errorf("sdp: send: %w", err))
 			return
 		}
-		if c.zsrcSent += k; c.zsrcSent == c.zsrc {
-			c.zsrc, c.zsrcSent, c.zsrcSM = 0, 0, false
+		if c.zsrcSent += k; c.zsrcSent == c.zAdv {
+			c.zHead, c.zAdv, c.zsrcSent, c.zsrcSM = (c.zHead+c.zAdv)%zSize, 0, 0, false
 			c.notify()
 		}
 	}
+	c.advertise()
+}
+
+// advertise sends a SrcAvail for the octets pending in the source region,
+// as many as lie before its end, once the last advertised are read (c.mu
+// held).
+func (c *Conn) advertise() {
+	if c.zAdv > 0 || c.zPend == 0 || c.err != nil || c.credits() <= reserve || len(c.free) == 0 {
+		return
+	}
+	k := min(c.zPend, zSize-c.zHead)
+	var x [16]byte
+	SrcAvail{Len: uint32(k), STag: c.zlmr.Context, VA: c.zlmr.Address(uint64(c.zHead))}.Put(x[:])
+	if err := c.send(MIDSrcAvail, x[:]); err != nil {
+		c.fail(fmt.Errorf("sdp: send: %w", err))
+		return
+	}
+	c.zAdv, c.zPend = k, c.zPend-k
+	c.notify()
 }
 
 // abort resets the connection: an AbortConn if a credit allows, then
@@ -598,10 +709,20 @@ func (c *Conn) send(mid MID, p []byte) error {
 	h := BSDH{MID: mid, Bufs: uint16(c.posted), Len: uint32(BSDHLen + len(p)), MSeq: c.nextMSeq, MSeqAck: c.lastRecv}
 	h.Put(b)
 	copy(b[BSDHLen:], p)
-	if err := c.ep.PostSend(uint64(idx), []client.Segment{c.seg(idx, int(h.Len))}, client.Signaled); err != nil {
+	// A Data message is signaled only when the send buffers run below
+	// half, so that a completion is one wake-up per several messages,
+	// not one per message; a message without data always is, so that
+	// the last send of a connection (a DisConn, or a credit update
+	// after it) completes.
+	var flags client.Flags
+	if mid != MIDData || len(p) == 0 || len(c.free)-1 < sendBufs/2 {
+		flags = client.Signaled
+	}
+	if err := c.ep.PostSend(uint64(idx), []client.Segment{c.seg(idx, int(h.Len))}, flags); err != nil {
 		return err
 	}
 	c.free = c.free[:len(c.free)-1]
+	c.inflight = append(c.inflight, idx)
 	c.sendsOut++
 	c.nextMSeq++
 	c.advAck, c.advBufs = c.lastRecv, c.posted
@@ -652,9 +773,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 		if c.err != nil {
 			return 0, c.opErr("read", c.err)
 		}
-		if !c.wait(c.rdDeadline) {
-			return 0, c.opErr("read", os.ErrDeadlineExceeded)
-		}
+		c.wait(c.rdDeadline)
 	}
 }
 
@@ -680,23 +799,25 @@ func (c *Conn) Write(b []byte) (int, error) {
 		case c.wrClosed:
 			return n, c.opErr("write", syscall.EPIPE)
 		}
-		// Nothing goes while a SrcAvail is outstanding: declined, its
-		// data must be next in the stream.
-		if c.zsrc == 0 && c.credits() > reserve && len(c.free) > 0 {
-			if rest := len(b) - n; c.threshold > 0 && rest >= c.threshold {
-				k := min(rest, zSize)
-				copy(c.zbuf.Bytes, b[n:n+k])
-				var x [16]byte
-				SrcAvail{Len: uint32(k), STag: c.zlmr.Context, VA: c.zlmr.Address(0)}.Put(x[:])
-				if err := c.send(MIDSrcAvail, x[:]); err != nil {
-					c.fail(fmt.Errorf("sdp: send: %w", err))
-					continue
-				}
-				c.zsrc = k
+		// A Write from the threshold up goes into the source region, and
+		// so does everything after it while the region holds data, so
+		// that nothing overtakes it (a declined SrcAvail's data must be
+		// next in the stream). The region is the connection's send
+		// buffer: a Write returns once its octets are there, and the
+		// next SrcAvail advertises all that gathered meanwhile.
+		if rest := len(b) - n; c.zAdv+c.zPend > 0 || c.threshold > 0 && rest >= c.threshold {
+			if space := zSize - c.zAdv - c.zPend; space > 0 {
+				k := min(rest, space)
+				tail := (c.zHead + c.zAdv + c.zPend) % zSize
+				m := copy(c.zbuf.Bytes[tail:], b[n:n+k])
+				copy(c.zbuf.Bytes, b[n+m:n+k])
+				c.zPend += k
 				c.stats.ZcopySent += uint64(k)
 				n += k
+				c.advertise()
 				continue
 			}
+		} else if c.credits() > reserve && len(c.free) > 0 {
 			k := min(len(b)-n, c.maxData())
 			if err := c.send(MIDData, b[n:n+k]); err != nil {
 				c.fail(fmt.Errorf("sdp: send: %w", err))
@@ -705,9 +826,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			n += k
 			continue
 		}
-		if !c.wait(c.wrDeadline) {
-			return n, c.opErr("write", os.ErrDeadlineExceeded)
-		}
+		c.wait(c.wrDeadline)
 	}
 	return n, nil
 }
@@ -743,10 +862,12 @@ func (c *Conn) disconnect(deadline time.Time) error {
 	if c.wrClosed {
 		return nil
 	}
-	for c.err == nil && (c.credits() < 2 || len(c.free) == 0) {
-		if !c.wait(deadline) {
+	// After every octet written: the source region's too.
+	for c.err == nil && (c.credits() < 2 || len(c.free) == 0 || c.zAdv+c.zPend > 0) {
+		if pastDeadline(deadline) {
 			return os.ErrDeadlineExceeded
 		}
+		c.wait(deadline)
 	}
 	if c.err != nil {
 		return c.err
@@ -838,14 +959,26 @@ func (c *Conn) Close() error {
 func (c *Conn) finish(deadline time.Time) {
 	c.mu.Lock()
 	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(deadline) == nil
-	for graceful && c.err == nil && (c.sendsOut > 0 || c.zsrc > 0) {
-		graceful = c.wait(deadline)
+	for graceful && c.err == nil && (c.sendsOut > 0 || c.zAdv+c.zPend > 0) {
+		if pastDeadline(deadline) {
+			graceful = false
+			break
+		}
+		c.wait(deadline)
 	}
 	graceful = graceful && c.err == nil
+	// A call that was asleep on the EVD when Close came is woken by
+	// it and lets go before the EVD goes.
+	// The background goroutine, and a call asleep on the EVD when Close
+	// came, let go of it before the EVD goes.
+	c.stopping = true
+	c.notify()
+	for c.polling || !c.bgDone {
+		c.follow(time.Time{})
+	}
+	c.released = true
 	c.mu.Unlock()
 	_ = c.ep.Disconnect(graceful)
-	c.cancel()
-	<-c.done
 	c.release()
 }
 
