@@ -75,12 +75,11 @@ func BenchmarkStream64K(b *testing.B) {
 func BenchmarkStream64KBcopy(b *testing.B) {
 	sock := startDaemon(b)
 	ln := listen(b, sock)
-	c1, c2, err := pair(b, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+	c1, c2, err := pair(b, &sdp.Dialer{Socket: sock, NoFallback: true, ZcopyThreshold: -1}, ln)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer c1.Close()
-	c1.(*sdp.Conn).SetZcopyThreshold(0)
 	done := make(chan struct{})
 	go func() {
 		io.Copy(io.Discard, c2)

@@ -139,6 +139,13 @@ type Dialer struct {
 	Fallback func(ctx context.Context, network, address string) (net.Conn, error)
 	// NoFallback makes Dial fail where it would fall back to TCP.
 	NoFallback bool
+	// ZcopyThreshold is the connections' Read Zcopy threshold
+	// (Conn.SetZcopyThreshold): 0 means DefaultZcopyThreshold, < 0 turns
+	// Read Zcopy off.
+	ZcopyThreshold int
+	// PollFor is how long a waiting Read or Write looks for its event
+	// before it sleeps: 0 means DefaultPollFor, < 0 sleeps at once.
+	PollFor time.Duration
 }
 
 // ErrNoOffload says why a connection was not offloaded (with NoFallback).
@@ -206,6 +213,7 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
+	c.threshold, c.pollFor = threshold(d.ZcopyThreshold), pollFor(d.PollFor)
 	local, _ := netip.ParseAddr(t.ia.Attr().Address)
 	hello := Hello{BSDH: BSDH{Bufs: recvBufs}, Version: Version, IPVersion: ipVersion(ap.Addr()), MaxAdverts: 1,
 		DesRemRcvSz: bufSize, LocalRcvSz: bufSize, Src: local, Dst: ap.Addr().Unmap()}
@@ -271,4 +279,26 @@ func tcpAddr(s string) net.Addr {
 		return &net.TCPAddr{}
 	}
 	return net.TCPAddrFromAddrPort(ap)
+}
+
+// threshold is a configured Read Zcopy threshold as a connection holds it.
+func threshold(n int) int {
+	switch {
+	case n == 0:
+		return DefaultZcopyThreshold
+	case n < 0:
+		return 0
+	}
+	return n
+}
+
+// pollFor is a configured PollFor as a connection holds it.
+func pollFor(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return DefaultPollFor
+	case d < 0:
+		return 0
+	}
+	return d
 }

@@ -35,6 +35,11 @@ type ListenConfig struct {
 	HelloTimeout time.Duration
 	// TCP is the listener's own configuration.
 	TCP net.ListenConfig
+	// ZcopyThreshold is the SDP connections' Read Zcopy threshold, as
+	// Dialer's.
+	ZcopyThreshold int
+	// PollFor is the SDP connections' PollFor, as Dialer's.
+	PollFor time.Duration
 }
 
 // Listener accepts SDP and TCP clients on one port, through one accept
@@ -228,6 +233,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	c.threshold, c.pollFor = threshold(l.cfg.ZcopyThreshold), pollFor(l.cfg.PollFor)
 	crs, err := t.ia.CreateEVD(client.EVDOptions{Depth: 4, Kind: client.CREvents | client.ConnectionEvents})
 	if err != nil {
 		c.release()
