@@ -174,3 +174,19 @@ func (b *loopBeat) check(now time.Time, after time.Duration) bool {
 // Stalls is the number of stall episodes the watchdog has seen, over the
 // xdp pollers and the sessions' poll loops.
 func (s *Server) Stalls() uint64 { return s.watch.stalls.Load() }
+
+// Dump logs the state of every QP of the device at warn level, one line
+// each (rnic.Device.Dump), with the sessions' and pollers' counters: what
+// softrnicd does on SIGUSR1, for a connection that stopped.
+func (s *Server) Dump() {
+	lines := s.dev.Dump()
+	s.log.Warn("state dump", "qps", len(lines), "goroutines", runtime.NumGoroutine())
+	for _, l := range lines {
+		s.log.Warn("state dump", "qp", l)
+	}
+	for _, p := range s.watch.pollers {
+		st := p.Stats()
+		s.log.Warn("state dump", "poller", p.Name(), "flows", st.Flows, "conn_stalls", st.ConnStalls, "stalls", st.Stalls,
+			"turns", st.Turns, "sleeps", st.Sleeps)
+	}
+}

@@ -166,6 +166,9 @@ type llpConn interface {
 	// nothing of the connection runs the QP's engine any more.
 	release(abort bool)
 	addrs() (local, remote string)
+	// diag describes the connection's state for Device.Dump; called
+	// with no lock held.
+	diag() string
 }
 
 // CreateQP creates a queue pair in a protection domain.

@@ -100,8 +100,7 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 	dir := t.TempDir()
 	build(t, dir)
 	sockA, sockB := filepath.Join(dir, "a.sock"), filepath.Join(dir, "b.sock")
-	startDaemon(t, dir, net.A, sockA, args[0]...)
-	startDaemon(t, dir, net.B, sockB, args[1]...)
+	daemons := []*exec.Cmd{startDaemon(t, dir, net.A, sockA, args[0]...), startDaemon(t, dir, net.B, sockB, args[1]...)}
 
 	const pairs = 4
 	const size = 128 << 20
@@ -128,7 +127,22 @@ func twoHosts(t *testing.T, opts topology.Options, args [2][]string) {
 		wg.Add(1)
 		go func(i int) { defer wg.Done(); errs[2*i+1] = cli.Wait() }(i)
 	}
-	wg.Wait()
+	// Pairs still running after dumpAfter (the slowest, lossy, runs take
+	// about 45 s; the applications give up at 60): both daemons log the
+	// state of every QP (SIGUSR1), so that a connection that stopped says
+	// where.
+	finished := make(chan struct{})
+	go func() { wg.Wait(); close(finished) }()
+	const dumpAfter = 50 * time.Second
+	select {
+	case <-finished:
+	case <-time.After(dumpAfter):
+		t.Logf("pairs still running after %v: the daemons dump their state", dumpAfter)
+		for _, d := range daemons {
+			_ = d.Process.Signal(syscall.SIGUSR1)
+		}
+		<-finished
+	}
 	elapsed := time.Since(start)
 	for i := range outs {
 		role := []string{"server", "client"}[i%2]

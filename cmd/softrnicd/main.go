@@ -75,6 +75,15 @@ func main() {
 		log.Info("stopping", "signal", s.String())
 		srv.Close()
 	}()
+	// SIGUSR1: the state of every QP and poller in the log, for a
+	// connection that stopped.
+	dump := make(chan os.Signal, 1)
+	signal.Notify(dump, syscall.SIGUSR1)
+	go func() {
+		for range dump {
+			srv.Dump()
+		}
+	}()
 	if err := srv.Serve(); err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)
