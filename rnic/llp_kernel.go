@@ -491,9 +491,18 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			n = kc.llp.Fill(kc, *bp)
 		}
 		kc.unlock(q)
+		if held && transmitHeldHook != nil {
+			transmitHeldHook()
+		}
 		if n == 0 {
 			kc.mu.Lock()
-			if kc.txAgain && !held {
+			// A kick since this round began is filled for, held or
+			// not: the batch that held this round may have ended
+			// meanwhile, its EndPosts finding the path busy and
+			// leaving only txAgain (a post then waited in the SQ,
+			// unsent, until the connection ended). If the batch is
+			// still open the next round hands it the path again.
+			if kc.txAgain {
 				kc.mu.Unlock()
 				continue
 			}
@@ -530,6 +539,10 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 	}
 	ioBufs.Put(bp)
 }
+
+// transmitHeldHook, when set (tests), runs in transmit after a round that
+// found a batch of posts open has released the locks.
+var transmitHeldHook func()
 
 // wrote tells the MPA layer the socket took n octets: the requests they
 // carry complete now, not before (a consumer that sees its last Send

@@ -3,6 +3,7 @@ package rnic
 import (
 	"context"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -178,6 +179,42 @@ func TestKernelBatchOfPostsSentAtEndPosts(t *testing.T) {
 	for deadline := time.Now().Add(10 * time.Second); cli.scq.Len() != 16; time.Sleep(time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%d of 16 posts went out after EndPosts", cli.scq.Len())
+		}
+	}
+}
+
+// A batch that ends while the transmit path is in a round that found it
+// open: EndPosts finds the path busy and can only leave txAgain, which the
+// round must honour. Before, it let go of the path and the batch's post
+// stayed in the SQ, unsent, until the connection ended (an 8-octet RDMA
+// Read of softrnic-example stalled 60 s in CI this way: the daemon's dump
+// showed sq=1 untransmitted=1, txBusy=false, txAgain=true). The hook runs
+// the batch's post and EndPosts exactly there.
+func TestKernelBatchEndingDuringATransmitRound(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	defer s.Destroy()
+	defer c.Destroy()
+	dst, src := srv.mr(4096, qp.RemoteWrite|qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
+	c.mu.Lock()
+	kc := c.conn.(*kernelConn)
+	c.mu.Unlock()
+	var once sync.Once
+	transmitHeldHook = func() {
+		once.Do(func() {
+			must(t, c.PostSend(&qp.SendWR{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled,
+				SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 64}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
+			c.EndPosts() // finds the path busy: txAgain
+		})
+	}
+	defer func() { transmitHeldHook = nil }()
+	c.BeginPosts()
+	// A kick from outside the batch (the receive goroutine's, after a
+	// Read Response) takes the path and finds the batch open.
+	kc.kick()
+	for deadline := time.Now().Add(5 * time.Second); cli.scq.Len() != 1; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the batch's post was not sent: %s", cli.dev.Dump())
 		}
 	}
 }
