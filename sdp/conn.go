@@ -104,18 +104,21 @@ type Conn struct {
 	zHead, zAdv, zPend int
 	zsrcSent           int
 	zsrcSM             bool
-	reading            bool
-	ctrl               []ctrlMsg
-	threshold          int
-	eof                bool // the peer's DisConn came (after the queued data)
-	gone               bool // the connection's DISCONNECTED event came
-	wrClosed, closed   bool
-	err                error // the connection is broken: reset, protocol error
-	rdDeadline         time.Time
-	wrDeadline         time.Time
-	linger             int // SetLinger's; -1 by default
-	pollFor            time.Duration
-	stats              Stats
+	// Sink side: the sink region's ring (see startRead), and the length
+	// of the RDMA Read in flight.
+	sinkHead, sinkUsed, readLen int
+	reading                     bool
+	ctrl                        []ctrlMsg
+	threshold                   int
+	eof                         bool // the peer's DisConn came (after the queued data)
+	gone                        bool // the connection's DISCONNECTED event came
+	wrClosed, closed            bool
+	err                         error // the connection is broken: reset, protocol error
+	rdDeadline                  time.Time
+	wrDeadline                  time.Time
+	linger                      int // SetLinger's; -1 by default
+	pollFor                     time.Duration
+	stats                       Stats
 }
 
 // Stats count what a connection did.
@@ -131,16 +134,15 @@ type Stats struct {
 }
 
 // rxMsg is received data not yet read: a Data message in receive buffer
-// idx, or (zero) a SrcAvail's, read part by part into the sink region:
-// [off, end) of it is there, and done of the source's total.
+// idx ([off, end) of it left), or (zero) a SrcAvail's, read part by part
+// into the sink region.
 type rxMsg struct {
 	idx, off, end int
 	zero          bool
-	// A SrcAvail's: the source's region, what was read of it, and
-	// whether the part read is in the sink region (filled).
-	src    SrcAvail
-	done   int
-	filled bool
+	// A SrcAvail's: the source's region, and how much of it RDMA Reads
+	// were posted for, have brought, and Read has taken.
+	src                       SrcAvail
+	requested, arrived, taken int
 }
 
 // ctrlMsg is a message without data waiting for a credit.
@@ -551,9 +553,9 @@ func (c *Conn) received(idx, n int) {
 	case MIDSrcAvailCancel:
 		// Withdrawn before we began: decline it (SendSM), and the
 		// source sends the data by Bcopy; begun, it completes.
-		for i := range c.queue {
+		for i := len(c.queue) - 1; i >= 0; i-- {
 			if m := &c.queue[i]; m.zero {
-				if m.done == 0 && !m.filled && !c.reading {
+				if m.requested == 0 {
 					c.queue = append(c.queue[:i], c.queue[i+1:]...)
 					c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDSendSM})
 				}
@@ -583,60 +585,79 @@ func (c *Conn) received(idx, n int) {
 	c.notify()
 }
 
-// startRead reads the next part of the first SrcAvail in the queue into the
-// sink region, unless a Read is in flight or the region holds a part not
-// yet consumed (c.mu held).
+// The sink region is a ring: RDMA Reads fill it at its tail, in the order
+// of the SrcAvails, while Read takes from its head, so that the next part
+// is on its way while the application copies the last out. sinkHead is
+// the next octet Read takes, sinkUsed the octets from there on that are
+// read or being read.
+
+// startRead posts the RDMA Read of the next part of the SrcAvails queued,
+// as much as fits in the sink region before its end, unless one is in
+// flight (c.mu held).
 func (c *Conn) startRead() {
 	if c.reading || c.err != nil || c.closed {
 		return
 	}
+	if c.sinkUsed == 0 {
+		c.sinkHead = 0 // whole parts rather than the ring's end
+	}
+	tail := (c.sinkHead + c.sinkUsed) % zSize
+	room := min(zSize-c.sinkUsed, zSize-tail)
+	if room == 0 {
+		return
+	}
 	for i := range c.queue {
 		m := &c.queue[i]
-		if !m.zero {
+		if !m.zero || m.requested == int(m.src.Len) {
 			continue
 		}
-		if m.filled {
-			return
-		}
-		k := min(int(m.src.Len)-m.done, zSize)
-		err := c.ep.PostRead(readCookie, client.Segment{LMR: c.lmr, Offset: zSinkOff, Length: uint32(k)},
-			client.RemoteBuffer{Context: m.src.STag, Address: m.src.VA + uint64(m.done)}, client.Signaled)
+		k := min(int(m.src.Len)-m.requested, room)
+		err := c.ep.PostRead(readCookie, client.Segment{LMR: c.lmr, Offset: uint64(zSinkOff + tail), Length: uint32(k)},
+			client.RemoteBuffer{Context: m.src.STag, Address: m.src.VA + uint64(m.requested)}, client.Signaled)
 		if err != nil {
 			c.abort(fmt.Errorf("sdp: RDMA Read: %w", err))
 			return
 		}
-		m.off, m.end = 0, k
-		c.reading = true
+		m.requested += k
+		c.sinkUsed += k
+		c.readLen, c.reading = k, true
 		return
 	}
 }
 
-// readDone: the RDMA Read filled the sink region (c.mu held).
+// readDone: the RDMA Read in flight brought its part (c.mu held).
 func (c *Conn) readDone() {
 	for i := range c.queue {
-		if m := &c.queue[i]; m.zero {
-			m.filled = true
-			if m.done+m.end == int(m.src.Len) {
+		if m := &c.queue[i]; m.zero && m.arrived < m.requested {
+			m.arrived += c.readLen
+			if m.arrived == int(m.src.Len) {
 				// All of it is here: the source's region is free
-				// now, not once it is consumed.
+				// now, not once it is taken.
 				c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDRdmaRdCompl, n: m.src.Len})
 			}
-			c.notify()
-			return
+			break
 		}
 	}
+	c.startRead()
+	c.notify()
 }
 
-// consumed: Read took the whole part of the first SrcAvail in the sink
-// region, and the next part is read (c.mu held).
-func (c *Conn) consumed(m *rxMsg) {
-	m.done += m.end
-	m.filled, m.off, m.end = false, 0, 0
-	if m.done == int(m.src.Len) {
+// takeZero copies what Read may take of the SrcAvail at the queue's head
+// into b (c.mu held).
+func (c *Conn) takeZero(b []byte) int {
+	m := &c.queue[0]
+	n := min(len(b), m.arrived-m.taken, zSize-c.sinkHead)
+	copy(b, c.buf.Bytes[zSinkOff+c.sinkHead:zSinkOff+c.sinkHead+n])
+	c.sinkHead = (c.sinkHead + n) % zSize
+	c.sinkUsed -= n
+	m.taken += n
+	c.stats.ZcopyReceived += uint64(n)
+	if m.taken == int(m.src.Len) {
 		c.queue = c.queue[1:]
 	}
 	c.startRead()
 	c.pump()
+	return n
 }
 
 // pump sends what waited for a credit or a send buffer: messages without
@@ -773,14 +794,8 @@ func (c *Conn) Read(b []byte) (int, error) {
 			return 0, c.opErr("read", os.ErrDeadlineExceeded)
 		case len(b) == 0:
 			return 0, nil
-		case len(c.queue) > 0 && c.queue[0].zero && c.queue[0].filled:
-			m := &c.queue[0]
-			n := copy(b, c.buf.Bytes[zSinkOff+m.off:zSinkOff+m.end])
-			c.stats.ZcopyReceived += uint64(n)
-			if m.off += n; m.off == m.end {
-				c.consumed(m)
-			}
-			return n, nil
+		case len(c.queue) > 0 && c.queue[0].zero && c.queue[0].arrived > c.queue[0].taken:
+			return c.takeZero(b), nil
 		case len(c.queue) > 0 && !c.queue[0].zero:
 			m := &c.queue[0]
 			n := copy(b, c.bytes(m.idx)[m.off:m.end])
