@@ -95,6 +95,27 @@ func msg(mid sdp.MID, mseq uint32, data []byte) []byte {
 	return b
 }
 
+// rawClient connects a raw peer to ln with a good Hello and returns it with
+// the connection ln accepted.
+func rawClient(t *testing.T, sock string, ln net.Listener) (*rawPeer, net.Conn) {
+	t.Helper()
+	p := newRawPeer(t, sock)
+	type res struct {
+		c   net.Conn
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
+	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
+		t.Fatalf("connect: %v", ev)
+	}
+	r := <-ch
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	return p, r.c
+}
+
 // acceptOne accepts the next connection of ln within d.
 func acceptOne(ln net.Listener, d time.Duration) (net.Conn, error) {
 	type res struct {
@@ -152,21 +173,7 @@ func TestPeerBreaksTheProtocol(t *testing.T) {
 	}
 	for name, bad := range cases {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
-			p := newRawPeer(t, sock)
-			type res struct {
-				c   net.Conn
-				err error
-			}
-			ch := make(chan res, 1)
-			go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
-			if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
-				t.Fatalf("connect: %v", ev)
-			}
-			r := <-ch
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			c := r.c
+			p, c := rawClient(t, sock, ln)
 			defer c.Close()
 			if name == "SrcAvail" {
 				binary.BigEndian.PutUint32(bad[4:], uint32(len(bad)))
@@ -242,7 +249,7 @@ func TestSilentAndHalfClients(t *testing.T) {
 			c.Close()
 		}
 	}
-	c1, err := (&sdp.Dialer{Socket: sock, NoFallback: true}).DialContext(context.Background(), "tcp", ln.Addr().String())
+	c1, err := (&sdp.Dialer{Socket: sock, NoFallback: true, HelloTimeout: 20 * time.Second}).DialContext(context.Background(), "tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatalf("a good client after them: %v", err)
 	}
@@ -295,21 +302,7 @@ func pattern(n int, seed byte) []byte {
 func TestSrcAvailFromPeer(t *testing.T) {
 	sock := startDaemon(t)
 	ln := listen(t, sock)
-	p := newRawPeer(t, sock)
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
-	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
-		t.Fatalf("connect: %v", ev)
-	}
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	c := r.c
+	p, c := rawClient(t, sock, ln)
 	defer c.Close()
 	// The source's region: a buffer of its own.
 	const n = 300 << 10
@@ -368,16 +361,7 @@ func TestSrcAvailFromPeer(t *testing.T) {
 func TestSrcAvailDeclined(t *testing.T) {
 	sock := startDaemon(t)
 	ln := listen(t, sock)
-	p := newRawPeer(t, sock)
-	ch := make(chan net.Conn, 1)
-	go func() { c, _ := acceptOne(ln, 10*time.Second); ch <- c }()
-	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
-		t.Fatalf("connect: %v", ev)
-	}
-	c := <-ch
-	if c == nil {
-		t.Fatal("nothing accepted")
-	}
+	p, c := rawClient(t, sock, ln)
 	defer c.Close()
 	p.send(t, msg(sdp.MIDData, 1, nil)) // MPA: the initiator speaks first
 	data := pattern(100<<10, 3)

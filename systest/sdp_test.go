@@ -2,10 +2,8 @@ package systest
 
 import (
 	"context"
-	"crypto/sha256"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
@@ -16,6 +14,7 @@ import (
 	"golang.org/x/net/nettest"
 
 	"github.com/softrnic/softrnic/internal/capture"
+	"github.com/softrnic/softrnic/internal/streamcheck"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/internal/tshark"
@@ -75,7 +74,9 @@ func TestSDPTwoHosts(t *testing.T) {
 			}
 			ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sockB})
 			defer ln.Close()
-			d := &sdp.Dialer{Socket: sockA, NoFallback: true}
+			// A busy machine under the race detector can take seconds
+			// to set a connection up.
+			d := &sdp.Dialer{Socket: sockA, NoFallback: true, HelloTimeout: 20 * time.Second}
 			addr := ln.Addr().String()
 			pipe := func() (net.Conn, net.Conn, error) {
 				ch := make(chan net.Conn, 1)
@@ -118,8 +119,8 @@ func TestSDPTwoHosts(t *testing.T) {
 				}
 				start := time.Now()
 				errs := make(chan error, 2)
-				go func() { errs <- streamVerified(c1, c2, total, 1) }()
-				go func() { errs <- streamVerified(c2, c1, total, 2) }()
+				go func() { errs <- streamcheck.Verified(c1, c2, total, 1) }()
+				go func() { errs <- streamcheck.Verified(c2, c1, total, 2) }()
 				for range 2 {
 					if err := <-errs; err != nil {
 						t.Fatal(err)
@@ -190,62 +191,6 @@ func TestSDPTwoHosts(t *testing.T) {
 			})
 		})
 	}
-}
-
-// streamVerified writes total octets of a seeded stream to w in random
-// sizes, half-closes, and reads them from r in random sizes to EOF: the
-// SHA-256 of what was read must be what was written.
-func streamVerified(w, r net.Conn, total int, seed uint64) error {
-	errc := make(chan error, 1)
-	var sent [32]byte
-	go func() {
-		rng := rand.New(rand.NewPCG(seed, 1))
-		h := sha256.New()
-		buf := make([]byte, 512<<10)
-		for n := 0; n < total; {
-			k := min(1+rng.IntN(len(buf)), total-n)
-			for i := 0; i < k; i += 8 {
-				v := rng.Uint64()
-				for j := 0; j < 8 && i+j < k; j++ {
-					buf[i+j] = byte(v >> (8 * j))
-				}
-			}
-			h.Write(buf[:k])
-			if _, err := w.Write(buf[:k]); err != nil {
-				errc <- fmt.Errorf("write: %w", err)
-				return
-			}
-			n += k
-		}
-		copy(sent[:], h.Sum(nil))
-		errc <- w.(interface{ CloseWrite() error }).CloseWrite()
-	}()
-	rng := rand.New(rand.NewPCG(seed, 2))
-	h := sha256.New()
-	buf := make([]byte, 600<<10)
-	n := 0
-	_ = r.SetReadDeadline(time.Now().Add(5 * time.Minute))
-	for {
-		k, err := r.Read(buf[:1+rng.IntN(len(buf))])
-		h.Write(buf[:k])
-		n += k
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return fmt.Errorf("read after %d octets: %w", n, err)
-		}
-	}
-	if err := <-errc; err != nil {
-		return err
-	}
-	if n != total {
-		return fmt.Errorf("read %d octets, want %d", n, total)
-	}
-	if got := h.Sum(nil); string(got) != string(sent[:]) {
-		return fmt.Errorf("SHA-256 differs: sent %x, read %x", sent, got)
-	}
-	return nil
 }
 
 func echoOnce(t *testing.T, c net.Conn) {
