@@ -1,7 +1,6 @@
 package sdp_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -133,17 +132,11 @@ func TestStreamBothWays(t *testing.T) {
 func TestFallback(t *testing.T) {
 	sock := startDaemon(t)
 	ln := listen(t, sock)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		defer c.Close()
+	go streamcheck.EchoServer(ln, func(c net.Conn) {
 		if _, ok := c.(*net.TCPConn); !ok {
 			t.Errorf("accepted a %T from a TCP client", c)
 		}
-		io.Copy(c, c)
-	}()
+	})
 	c, err := net.DialTimeout("tcp", ln.Addr().String(), 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -155,15 +148,7 @@ func TestFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tl.Close()
-	go func() {
-		for {
-			c, err := tl.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	go streamcheck.EchoServer(tl, nil)
 	d := &sdp.Dialer{Socket: sock, HelloTimeout: time.Second}
 	start := time.Now()
 	c, err = d.DialContext(context.Background(), "tcp", tl.Addr().String())
@@ -179,15 +164,8 @@ func TestFallback(t *testing.T) {
 
 func echo(t *testing.T, c net.Conn) {
 	t.Helper()
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	msg := []byte("through whichever path won")
-	if _, err := c.Write(msg); err != nil {
+	if err := streamcheck.Echo(c); err != nil {
 		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, msg) {
-		t.Fatalf("echo: %q %v", got, err)
 	}
 }
 
@@ -279,15 +257,7 @@ func TestCloseDuringZcopy(t *testing.T) {
 func TestOffloadTurnedOff(t *testing.T) {
 	sock := startDaemon(t)
 	ln := listen(t, sock)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); io.Copy(c, c) }()
-		}
-	}()
+	go streamcheck.EchoServer(ln, nil)
 	check := func(name string, d *sdp.Dialer) {
 		c, err := d.DialContext(context.Background(), "tcp", ln.Addr().String())
 		if err != nil {

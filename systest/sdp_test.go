@@ -145,37 +145,25 @@ func TestSDPTwoHosts(t *testing.T) {
 			}
 			t.Run("fallback", func(t *testing.T) {
 				// A plain TCP client of the sdp listener.
-				go func() {
-					c, err := ln.Accept()
-					if err != nil {
-						return
-					}
-					defer c.Close()
+				go streamcheck.EchoServer(ln, func(c net.Conn) {
 					if _, ok := c.(*net.TCPConn); !ok {
 						t.Errorf("a TCP client accepted as a %T", c)
 					}
-					io.Copy(c, c)
-				}()
+				})
 				c, err := tp.A.DialTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port), 5*time.Second)
 				if err != nil {
 					t.Fatal(err)
 				}
-				echoOnce(t, c)
+				if err := streamcheck.Echo(c); err != nil {
+					t.Fatal(err)
+				}
 				// An sdp dialer of a plain TCP server.
 				plain, err := tp.B.ListenTCP(netip.AddrPortFrom(tp.B.Addr.Addr(), port+1))
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer plain.Close()
-				go func() {
-					for {
-						c, err := plain.Accept()
-						if err != nil {
-							return
-						}
-						go func() { defer c.Close(); io.Copy(c, c) }()
-					}
-				}()
+				go streamcheck.EchoServer(plain, nil)
 				fd := &sdp.Dialer{Socket: sockA, HelloTimeout: 2 * time.Second,
 					Fallback: func(ctx context.Context, network, address string) (net.Conn, error) {
 						return tp.A.DialTCP(netip.MustParseAddrPort(address), 5*time.Second)
@@ -187,23 +175,11 @@ func TestSDPTwoHosts(t *testing.T) {
 				if _, ok := fc.(*net.TCPConn); !ok {
 					t.Fatalf("dialed a %T to a plain TCP server", fc)
 				}
-				echoOnce(t, fc)
+				if err := streamcheck.Echo(fc); err != nil {
+					t.Fatal(err)
+				}
 			})
 		})
-	}
-}
-
-func echoOnce(t *testing.T, c net.Conn) {
-	t.Helper()
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	msg := []byte("by whichever path won")
-	if _, err := c.Write(msg); err != nil {
-		t.Fatal(err)
-	}
-	got := make([]byte, len(msg))
-	if _, err := io.ReadFull(c, got); err != nil || string(got) != string(msg) {
-		t.Fatalf("echo: %q %v", got, err)
 	}
 }
 

@@ -66,3 +66,40 @@ func Verified(w, r net.Conn, total int, seed uint64) error {
 	}
 	return nil
 }
+
+// EchoServer echoes every connection ln accepts until ln is closed; kind,
+// when not nil, is told each connection first (a test checks what it is).
+func EchoServer(ln net.Listener, kind func(net.Conn)) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		if kind != nil {
+			kind(c)
+		}
+		go func() {
+			defer c.Close()
+			_, _ = io.Copy(c, c)
+		}()
+	}
+}
+
+// Echo sends a message on c, reads it back from an echo server within
+// 10 s, and closes c.
+func Echo(c net.Conn) error {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	msg := []byte("by whichever path won")
+	if _, err := c.Write(msg); err != nil {
+		return err
+	}
+	got := make([]byte, len(msg))
+	if _, err := io.ReadFull(c, got); err != nil {
+		return err
+	}
+	if string(got) != string(msg) {
+		return fmt.Errorf("echo: %q back for %q", got, msg)
+	}
+	return nil
+}
