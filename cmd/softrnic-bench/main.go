@@ -200,7 +200,7 @@ func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 		if err != nil {
 			return err
 		}
-		sd.SendRatio = sd.Stream64K.Gbps / k.Send[5].Gbps
+		sd.SendRatio = sd.Stream64K.Gbps / k.Send[slices.Index(sizes, 65536)].Gbps
 		sd.TCPRatio = sd.PingPong.Median / res.KernelTCPLat.Median
 		res.SDP[dp] = sd
 		for _, pts := range [][]Point{k.Write, k.Read, k.Send} {
@@ -302,21 +302,53 @@ func (b *bench) iperf() (float64, error) {
 	return g, nil
 }
 
-func (b *bench) tcpStream(size int) (Point, error) {
-	srv, out, err := b.start(b.net.B, b.self, "tcp-server", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5300"))
+// helpers names the protocol of the baseline helpers run between the
+// namespaces ("tcp", or "sdp" through the daemons whose control sockets
+// envA and envB give) and each end's environment (nil: this process's).
+type helpers struct {
+	proto      string
+	envA, envB []string
+}
+
+var kernelTCP = helpers{proto: "tcp"}
+
+// serve starts h's helper server on B at addr (on the last CPU if pin) and
+// waits until it listens.
+func (b *bench) serve(h helpers, addr string, pin bool) (*exec.Cmd, error) {
+	name, args := pinApp(pin, b.self, h.proto+"-server", addr)
+	srv := b.net.B.Command(name, args...)
+	srv.Env = h.envB
+	srv.Stderr = os.Stderr
+	out, err := srv.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := srv.Start(); err != nil {
+		return nil, err
+	}
+	br, err := waitLine(out, "listening")
+	if err != nil {
+		srv.Process.Kill()
+		return nil, err
+	}
+	go io.Copy(io.Discard, br)
+	return srv, nil
+}
+
+// stream is h's stream of size-octet writes from A to B at addr, for the
+// bench's seconds per point.
+func (b *bench) stream(h helpers, addr string, size int) (Point, error) {
+	srv, err := b.serve(h, addr, false)
 	if err != nil {
 		return Point{}, err
 	}
 	defer srv.Process.Kill()
-	br, err := waitLine(out, "listening")
-	if err != nil {
-		return Point{}, err
-	}
-	go io.Copy(io.Discard, br)
-	cli := b.net.A.Command(b.self, "tcp-stream", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5300"), strconv.Itoa(size), fmt.Sprint(b.seconds))
+	cli := b.net.A.Command(b.self, h.proto+"-stream", addr, strconv.Itoa(size), fmt.Sprint(b.seconds))
+	cli.Env = h.envA
+	cli.Stderr = os.Stderr
 	res, err := cli.Output()
 	if err != nil {
-		return Point{}, fmt.Errorf("tcp-stream: %v", err)
+		return Point{}, fmt.Errorf("%s-stream: %v", h.proto, err)
 	}
 	_ = srv.Wait()
 	var r struct {
@@ -327,35 +359,45 @@ func (b *bench) tcpStream(size int) (Point, error) {
 		return Point{}, err
 	}
 	gb := float64(r.Bytes) / 1e9
-	p := Point{Size: size, Gbps: gb * 8 / r.Seconds, Mpps: float64(r.Messages) / r.Seconds / 1e6, Samples: int(r.Messages),
-		CPUA: cpu(cli) / gb, CPUB: cpu(srv) / gb}
-	fmt.Printf("   kernel TCP stream %7d B: %6.2f Gbit/s\n", size, p.Gbps)
-	return p, nil
+	return Point{Size: size, Gbps: gb * 8 / r.Seconds, Mpps: float64(r.Messages) / r.Seconds / 1e6, Samples: int(r.Messages),
+		CPUA: cpu(cli) / gb, CPUB: cpu(srv) / gb}, nil
 }
 
-func (b *bench) tcpPingPong() (Latency, error) {
-	name, args := pinApp(true, b.self, "tcp-server", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"))
-	srv, out, err := b.start(b.net.B, name, args...)
+// pingPong is h's 1-octet round trip between A and B at addr, both ends
+// pinned to the last CPU.
+func (b *bench) pingPong(h helpers, addr string) (Latency, error) {
+	srv, err := b.serve(h, addr, true)
 	if err != nil {
 		return Latency{}, err
 	}
 	defer srv.Process.Kill()
-	br, err := waitLine(out, "listening")
+	name, args := pinApp(true, b.self, h.proto+"-ping", addr, "5000")
+	cli := b.net.A.Command(name, args...)
+	cli.Env = h.envA
+	cli.Stderr = os.Stderr
+	res, err := cli.Output()
 	if err != nil {
-		return Latency{}, err
-	}
-	go io.Copy(io.Discard, br)
-	name, args = pinApp(true, b.self, "tcp-ping", net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"), "5000")
-	res, err := b.net.A.Command(name, args...).Output()
-	if err != nil {
-		return Latency{}, fmt.Errorf("tcp-ping: %v", err)
+		return Latency{}, fmt.Errorf("%s-ping: %v", h.proto, err)
 	}
 	var l Latency
-	if err := json.Unmarshal(res, &l); err != nil {
-		return l, err
+	err = json.Unmarshal(res, &l)
+	return l, err
+}
+
+func (b *bench) tcpStream(size int) (Point, error) {
+	p, err := b.stream(kernelTCP, net.JoinHostPort(b.net.B.Addr.Addr().String(), "5300"), size)
+	if err == nil {
+		fmt.Printf("   kernel TCP stream %7d B: %6.2f Gbit/s\n", size, p.Gbps)
 	}
-	fmt.Printf("   kernel TCP 1-byte ping-pong: median %.1f µs, p99 %.1f µs\n", l.Median, l.P99)
-	return l, nil
+	return p, err
+}
+
+func (b *bench) tcpPingPong() (Latency, error) {
+	l, err := b.pingPong(kernelTCP, net.JoinHostPort(b.net.B.Addr.Addr().String(), "5301"))
+	if err == nil {
+		fmt.Printf("   kernel TCP 1-byte ping-pong: median %.1f µs, p99 %.1f µs\n", l.Median, l.P99)
+	}
+	return l, err
 }
 
 // offloadsOn measures the kernel TCP stream at 64 KiB on a veth pair of
