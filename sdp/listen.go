@@ -160,9 +160,11 @@ func (l *Listener) acceptLoop() {
 // the TCP connection it is, or as the SDP connection it becomes; nil if
 // it ended on the way.
 func (l *Listener) classify(tc *net.TCPConn) net.Conn {
+	// The policy's ports are the listener's own (Policy.Ports), not the
+	// client's ephemeral one.
 	local := tc.LocalAddr().(*net.TCPAddr).AddrPort()
 	remote := tc.RemoteAddr().(*net.TCPAddr).AddrPort()
-	if offloadOff() || !l.cfg.Policy.Offload(remote) || !l.cfg.Policy.Offload(netip.AddrPortFrom(remote.Addr(), local.Port())) {
+	if offloadOff() || !l.cfg.Policy.Offload(netip.AddrPortFrom(remote.Addr(), local.Port())) {
 		return tc
 	}
 	if !l.peekMPA(tc) {

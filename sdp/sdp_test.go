@@ -278,3 +278,26 @@ func TestOffloadTurnedOff(t *testing.T) {
 		t.Fatalf("NoFallback with the port not offloaded: %v, want ErrNoOffload", err)
 	}
 }
+
+// A listener whose policy offloads only its own port takes an SDP client
+// as SDP: the policy's ports are the listener's, not the client's
+// ephemeral one.
+func TestListenerPolicyByItsPort(t *testing.T) {
+	sock := startDaemon(t)
+	tl, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := uint16(tl.Addr().(*net.TCPAddr).Port)
+	ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sock, Policy: &sdp.Policy{Ports: []uint16{port}}})
+	defer ln.Close()
+	c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+	if err != nil {
+		t.Fatalf("an SDP client of a listener offloading its port: %v", err)
+	}
+	defer c1.Close()
+	defer c2.Close()
+	if _, ok := c2.(*sdp.Conn); !ok {
+		t.Fatalf("accepted a %T, want *sdp.Conn", c2)
+	}
+}
