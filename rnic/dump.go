@@ -61,13 +61,16 @@ const dumpWait = time.Second
 func (ec *engineConn) diag() string {
 	res := make(chan string, 1)
 	go func() {
-		_ = ec.poller().Do(func(_ *tcp.Stack, now tcp.Time) {
+		err := ec.poller().Do(func(_ *tcp.Stack, now tcp.Time) {
 			if ec.conn == nil {
 				res <- fmt.Sprintf("engine: no TCP connection yet dead=%v", ec.dead)
 				return
 			}
 			res <- fmt.Sprintf("engine %s dead=%v queued=%v", ec.conn.Diag(now), ec.dead, ec.queued.Load())
 		})
+		if err != nil {
+			res <- fmt.Sprintf("engine: poller %s: %v", ec.poller().Name(), err) // stopped
+		}
 	}()
 	select {
 	case s := <-res:
