@@ -125,8 +125,9 @@ type Conn struct {
 type Stats struct {
 	MessagesSent, MessagesReceived uint64
 	CreditUpdatesSent              uint64
-	// ZcopySent and ZcopyReceived count the octets that went by Read
-	// Zcopy (SrcAvail and RDMA Read).
+	// ZcopySent counts the octets written into the source region (for
+	// SrcAvails; a declined one's go by Bcopy after all), ZcopyReceived
+	// those read from the sink region (brought by RDMA Read).
 	ZcopySent, ZcopyReceived uint64
 	// MinCredits is the fewest credits the connection had to the peer
 	// after a send: never negative, by construction.
@@ -153,10 +154,11 @@ type ctrlMsg struct {
 
 // newConn sets up what a connection needs before it connects: an EVD for
 // its completions and connection events, an EP, the buffers, registered,
-// and its receives posted.
-func newConn(t *transport) (*Conn, error) {
-	c := &Conn{t: t, changed: make(chan struct{}), linger: -1, threshold: DefaultZcopyThreshold, pollFor: DefaultPollFor,
-		stats: Stats{MinCredits: -1}}
+// and its receives posted. zcopyThreshold and pollFor are as configured
+// (Dialer's).
+func newConn(t *transport, zcopyThreshold int, pollFor time.Duration) (*Conn, error) {
+	c := &Conn{t: t, changed: make(chan struct{}), linger: -1, threshold: option(zcopyThreshold, DefaultZcopyThreshold),
+		pollFor: option(pollFor, DefaultPollFor), stats: Stats{MinCredits: -1}}
 	var err error
 	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
 		return nil, err
@@ -221,8 +223,9 @@ func (c *Conn) release() {
 	}
 }
 
-// start runs the event goroutine of an established connection whose peer
-// posted peerBufs receives of peerRcvSz octets.
+// start runs an established connection, whose peer posted peerBufs
+// receives of peerRcvSz octets: the completions that came early, then the
+// background goroutine.
 func (c *Conn) start(peerBufs uint16, peerRcvSz int) {
 	c.peerBufs, c.peerRcvSz = peerBufs, peerRcvSz
 	c.nextMSeq = 1 // the Hello and HelloAck were MSeq 0
@@ -807,13 +810,14 @@ func (c *Conn) Read(b []byte) (int, error) {
 			}
 			return n, nil
 		case len(c.queue) > 0:
-			// A SrcAvail's data is on its way.
+			// A SrcAvail's data is on its way, unless the connection
+			// broke.
+			if c.err != nil {
+				return 0, c.opErr("read", c.err)
+			}
 		case c.eof:
 			return 0, io.EOF
 		case c.err != nil:
-			return 0, c.opErr("read", c.err)
-		}
-		if c.err != nil {
 			return 0, c.opErr("read", c.err)
 		}
 		c.wait(c.rdDeadline)
@@ -1010,8 +1014,6 @@ func (c *Conn) finish(deadline time.Time) {
 		c.wait(deadline)
 	}
 	graceful = graceful && c.err == nil
-	// A call that was asleep on the EVD when Close came is woken by
-	// it and lets go before the EVD goes.
 	// The background goroutine, and a call asleep on the EVD when Close
 	// came, let go of it before the EVD goes.
 	c.stopping = true

@@ -186,13 +186,20 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	ap, err := netip.ParseAddrPort(address)
 	if err != nil {
 		// A name: resolve it as the TCP dialer would.
-		addrs, rerr := net.DefaultResolver.LookupNetIP(ctx, "ip", hostOf(address))
-		if rerr != nil || len(addrs) == 0 {
-			return nil, fmt.Errorf("%w: %s: %v", ErrNoOffload, address, err)
+		host, portName, err := net.SplitHostPort(address)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 		}
-		port, perr := net.DefaultResolver.LookupPort(ctx, network, portOf(address))
-		if perr != nil {
-			return nil, fmt.Errorf("%w: %v", ErrNoOffload, perr)
+		addrs, err := net.DefaultResolver.LookupNetIP(ctx, "ip", host)
+		if err == nil && len(addrs) == 0 {
+			err = fmt.Errorf("no address for %s", host)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+		}
+		port, err := net.DefaultResolver.LookupPort(ctx, network, portName)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 		}
 		ap = netip.AddrPortFrom(addrs[0], uint16(port))
 	}
@@ -209,35 +216,31 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
-	c, err := newConn(t)
+	c, err := newConn(t, d.ZcopyThreshold, d.PollFor)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
-	c.threshold, c.pollFor = threshold(d.ZcopyThreshold), pollFor(d.PollFor)
 	local, _ := netip.ParseAddr(t.ia.Attr().Address)
 	hello := Hello{BSDH: BSDH{Bufs: recvBufs}, Version: Version, IPVersion: ipVersion(ap.Addr()), MaxAdverts: 1,
 		DesRemRcvSz: bufSize, LocalRcvSz: bufSize, Src: local, Dst: ap.Addr().Unmap()}
-	if err := c.ep.Connect(ap.String(), hello.Marshal(), timeout); err != nil {
-		c.release()
-		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
-	}
-	if err := c.established(ctx); err != nil {
-		_ = c.ep.Disconnect(false)
-		c.release()
-		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
-	}
-	info, err := c.ep.Query()
+	var info client.EPInfo
 	var ack HelloAck
+	err = c.ep.Connect(ap.String(), hello.Marshal(), timeout)
 	if err == nil {
-		ack, err = ParseHelloAck(info.PrivateData)
+		err = c.established(ctx)
 	}
-	if err == nil && ack.ActRcvSz <= BSDHLen {
-		err = fmt.Errorf("%w: HelloAck offers buffers of %d octets", ErrMalformed, ack.ActRcvSz)
+	if err == nil {
+		if info, err = c.ep.Query(); err == nil {
+			ack, err = ParseHelloAck(info.PrivateData)
+		}
+		if err == nil && ack.ActRcvSz <= BSDHLen {
+			err = fmt.Errorf("%w: HelloAck offers buffers of %d octets", ErrMalformed, ack.ActRcvSz)
+		}
 	}
 	if err != nil {
 		_ = c.ep.Disconnect(false)
 		c.release()
-		return nil, fmt.Errorf("%w: the peer's HelloAck: %v", ErrNoOffload, err)
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
 	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
 	c.start(ack.Bufs, int(ack.ActRcvSz))
@@ -245,8 +248,9 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	// (RFC 5044 §7.1.2): a credit update at once lets the accepting
 	// side write first, as a TCP server may.
 	c.mu.Lock()
-	err = c.sendControl(MIDData)
-	c.stats.CreditUpdatesSent++
+	if err = c.sendControl(MIDData); err == nil {
+		c.stats.CreditUpdatesSent++
+	}
 	c.mu.Unlock()
 	if err != nil {
 		c.Close()
@@ -262,16 +266,6 @@ func ipVersion(a netip.Addr) uint8 {
 	return 6
 }
 
-func hostOf(address string) string {
-	h, _, _ := net.SplitHostPort(address)
-	return h
-}
-
-func portOf(address string) string {
-	_, p, _ := net.SplitHostPort(address)
-	return p
-}
-
 // tcpAddr parses an address as the daemon gives it.
 func tcpAddr(s string) net.Addr {
 	ap, err := netip.ParseAddrPort(s)
@@ -281,24 +275,14 @@ func tcpAddr(s string) net.Addr {
 	return net.TCPAddrFromAddrPort(ap)
 }
 
-// threshold is a configured Read Zcopy threshold as a connection holds it.
-func threshold(n int) int {
+// option is a configured value as a connection holds it: 0 means def, and
+// less than 0 none (0).
+func option[T int | time.Duration](v, def T) T {
 	switch {
-	case n == 0:
-		return DefaultZcopyThreshold
-	case n < 0:
+	case v == 0:
+		return def
+	case v < 0:
 		return 0
 	}
-	return n
-}
-
-// pollFor is a configured PollFor as a connection holds it.
-func pollFor(d time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return DefaultPollFor
-	case d < 0:
-		return 0
-	}
-	return d
+	return v
 }

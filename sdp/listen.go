@@ -51,8 +51,9 @@ type Listener struct {
 	closed chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup
-	mu     sync.Mutex
-	err    error // why the kernel listener stopped
+	// err is why the kernel listener stopped, if not Close: written
+	// before closed is closed, read after.
+	err error
 }
 
 // Listen listens on address, as net.Listen.
@@ -101,9 +102,11 @@ func (l *Listener) Accept() (net.Conn, error) {
 	case c := <-l.queue:
 		return c, nil
 	case <-l.closed:
-		l.mu.Lock()
-		defer l.mu.Unlock()
-		return nil, &net.OpError{Op: "accept", Net: "sdp", Addr: l.tcp.Addr(), Err: net.ErrClosed}
+		err := l.err
+		if err == nil {
+			err = net.ErrClosed
+		}
+		return nil, &net.OpError{Op: "accept", Net: "sdp", Addr: l.tcp.Addr(), Err: err}
 	}
 }
 
@@ -134,10 +137,10 @@ func (l *Listener) acceptLoop() {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			l.mu.Lock()
-			l.err = err
-			l.mu.Unlock()
-			l.once.Do(func() { close(l.closed) })
+			l.once.Do(func() {
+				l.err = err
+				close(l.closed)
+			})
 			return
 		}
 		l.wg.Add(1)
@@ -231,20 +234,24 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := newConn(t)
+	c, err := newConn(t, l.cfg.ZcopyThreshold, l.cfg.PollFor)
 	if err != nil {
 		return nil, err
 	}
-	c.threshold, c.pollFor = threshold(l.cfg.ZcopyThreshold), pollFor(l.cfg.PollFor)
+	started := false
+	defer func() {
+		if !started {
+			_ = c.ep.Disconnect(false)
+			c.release()
+		}
+	}()
 	crs, err := t.ia.CreateEVD(client.EVDOptions{Depth: 4, Kind: client.CREvents | client.ConnectionEvents})
 	if err != nil {
-		c.release()
 		return nil, err
 	}
 	defer crs.Free()
 	ssp, err := t.ia.CreateSSP(tc, c.ep, crs, nil)
 	if err != nil {
-		c.release()
 		return nil, err
 	}
 	defer ssp.Free()
@@ -253,7 +260,6 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 		err = fmt.Errorf("sdp: %v instead of the client's request", ev.Conn)
 	}
 	if err != nil {
-		c.release()
 		return nil, err
 	}
 	info, err := ev.CR.Query()
@@ -266,20 +272,17 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	}
 	if err != nil {
 		_ = ev.CR.Reject(nil)
-		c.release()
 		return nil, err
 	}
 	ack := HelloAck{BSDH: BSDH{Bufs: recvBufs}, Version: Version, MaxAdverts: 1, ActRcvSz: bufSize}
 	if err := ev.CR.Accept(c.ep, ack.Marshal()); err != nil {
-		c.release()
 		return nil, err
 	}
 	if err := c.established(ctx); err != nil {
-		_ = c.ep.Disconnect(false)
-		c.release()
 		return nil, err
 	}
 	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
 	c.start(hello.Bufs, int(hello.LocalRcvSz))
+	started = true
 	return c, nil
 }

@@ -60,9 +60,7 @@ func (m MID) extraLen() int {
 		return 16
 	case MIDSinkAvail:
 		return 20
-	case MIDRdmaWrCompl, MIDRdmaRdCompl, MIDChRcvBuf, MIDChRcvBufAck:
-		return 4
-	case MIDModeChange:
+	case MIDRdmaWrCompl, MIDRdmaRdCompl, MIDChRcvBuf, MIDChRcvBufAck, MIDModeChange:
 		return 4
 	case MIDSuspComm:
 		return 8

@@ -53,6 +53,15 @@ func TestWire(t *testing.T) {
 		t.Fatalf("SrcAvail %+v", sa)
 	}
 
+	sink := make([]byte, 16+20)
+	copy(sink[16:], []byte{0, 0, 0x10, 0, 0xaa, 0xbb, 0xcc, 0xdd, 0, 0, 0, 0, 0, 0, 0x20, 0, 0, 0, 0, 1})
+	if sa := ParseSinkAvail(sink); sa != (SinkAvail{Len: 4096, STag: 0xaabbccdd, VA: 0x2000, NonDisc: 1}) {
+		t.Fatalf("SinkAvail %+v", sa)
+	}
+	if n := ParseLen(append(make([]byte, 16), 0, 0, 1, 0)); n != 256 {
+		t.Fatalf("RdmaRdCompl's length %d", n)
+	}
+
 	for name, bad := range map[string][]byte{
 		"short":           b[:15],
 		"Len lies":        append(append([]byte{}, b...), 0),
