@@ -491,8 +491,8 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			n = kc.llp.Fill(kc, *bp)
 		}
 		kc.unlock(q)
-		if held && transmitHeldHook != nil {
-			transmitHeldHook()
+		if hook := transmitHeldHook.Load(); held && hook != nil {
+			(*hook)(kc)
 		}
 		if n == 0 {
 			kc.mu.Lock()
@@ -541,8 +541,9 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 }
 
 // transmitHeldHook, when set (tests), runs in transmit after a round that
-// found a batch of posts open has released the locks.
-var transmitHeldHook func()
+// found a batch of posts open has released the locks. Atomic: connections
+// of earlier tests may still be transmitting when a test sets it.
+var transmitHeldHook atomic.Pointer[func(*kernelConn)]
 
 // wrote tells the MPA layer the socket took n octets: the requests they
 // carry complete now, not before (a consumer that sees its last Send

@@ -200,14 +200,18 @@ func TestKernelBatchEndingDuringATransmitRound(t *testing.T) {
 	kc := c.conn.(*kernelConn)
 	c.mu.Unlock()
 	var once sync.Once
-	transmitHeldHook = func() {
+	hook := func(k *kernelConn) {
+		if k != kc {
+			return
+		}
 		once.Do(func() {
 			must(t, c.PostSend(&qp.SendWR{ID: 1, Op: qp.OpWrite, Flags: qp.Signaled,
 				SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 64}}, RemoteSTag: dst.STag, RemoteTO: dst.Base}))
 			c.EndPosts() // finds the path busy: txAgain
 		})
 	}
-	defer func() { transmitHeldHook = nil }()
+	transmitHeldHook.Store(&hook)
+	defer transmitHeldHook.Store(nil)
 	c.BeginPosts()
 	// A kick from outside the batch (the receive goroutine's, after a
 	// Read Response) takes the path and finds the batch open.

@@ -30,7 +30,7 @@ type flow struct {
 	// local port (reserveFD), if one could be bound.
 	reserve   int
 	reserveFD bool
-	// The stall check (connStalled): what the connection had moved to
+	// The stall check (checkConn): what the connection had moved to
 	// when the sweep last saw it move, when that was, and whether this
 	// episode was reported.
 	una         tcp.Seq
