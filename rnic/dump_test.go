@@ -1,6 +1,7 @@
 package rnic
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -21,7 +22,7 @@ func TestDump(t *testing.T) {
 		}{{"server", srv.dev, s}, {"client", cli.dev, c}} {
 			var line string
 			for _, l := range side.dev.Dump() {
-				if strings.HasPrefix(l, "qp "+itoa(side.q.qpn)+":") {
+				if strings.HasPrefix(l, fmt.Sprintf("qp %d:", side.q.qpn)) {
 					line = l
 				}
 			}
@@ -31,16 +32,4 @@ func TestDump(t *testing.T) {
 			t.Logf("%s: %s", side.name, line)
 		}
 	})
-}
-
-func itoa(n uint32) string {
-	var b [10]byte
-	i := len(b)
-	for {
-		i--
-		b[i] = byte('0' + n%10)
-		if n /= 10; n == 0 {
-			return string(b[i:])
-		}
-	}
 }
