@@ -73,8 +73,9 @@ type Conn struct {
 	// Write or Close looks at changes.
 	changed chan struct{}
 	// polling: a waiting call sleeps on the EVD for all of them (see
-	// wait); released: the EVD is gone.
-	polling, released bool
+	// wait); released: the EVD is gone; broken: it failed (the daemon
+	// went away) and nobody looks at it again.
+	polling, released, broken bool
 	// fg counts the calls waiting; bgPolling: the one asleep on the EVD
 	// is the background goroutine (see background); stopping: it is to
 	// end, bgDone: it has.
@@ -284,14 +285,14 @@ func (c *Conn) notify() {
 // drain handles the events waiting on the EVD and reports whether there
 // were any (c.mu held).
 func (c *Conn) drain() bool {
-	if c.released || c.polling {
+	if c.released || c.polling || c.broken {
 		return false
 	}
 	any := false
 	for {
 		ev, ok, err := c.evd.Dequeue()
 		if err != nil {
-			c.fail(fmt.Errorf("sdp: %w", err))
+			c.evdFailed(err)
 			return true
 		}
 		if !ok {
@@ -321,7 +322,7 @@ func (c *Conn) await(deadline time.Time, bg bool) {
 	if c.polling && c.bgPolling && !bg {
 		c.evd.Interrupt() // the call takes over from the background
 	}
-	if c.polling || c.released || bg && (c.fg > 0 || c.stopping) {
+	if c.polling || c.released || c.broken || bg && (c.fg > 0 || c.stopping) {
 		c.follow(deadline)
 		return
 	}
@@ -336,9 +337,17 @@ func (c *Conn) await(deadline time.Time, bg bool) {
 		c.drain()
 	case errors.Is(err, client.ErrInterrupted), errors.Is(err, client.ErrTimeout):
 	default:
-		c.fail(fmt.Errorf("sdp: %w", err))
+		c.evdFailed(err)
 	}
 	c.notify() // another waiter may take over
+}
+
+// evdFailed ends the connection whose EVD failed (the daemon went away):
+// nobody looks at the EVD again, or the background goroutine would spin
+// on the error and hold c.mu (c.mu held).
+func (c *Conn) evdFailed(err error) {
+	c.broken = true
+	c.fail(fmt.Errorf("sdp: %w", err))
 }
 
 // DefaultPollFor is how long a waiting call looks for its event before it

@@ -6,7 +6,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
+	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/sdp"
 )
 
@@ -386,4 +389,63 @@ func TestSrcAvailDeclined(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("the declined SrcAvail's data differs")
 	}
+}
+
+// A peer whose process dies (its session with the daemon ends at once),
+// and a daemon that goes away under the connection: a waiting Read and a
+// Write both return an error, never hang.
+func TestPeerOrDaemonDies(t *testing.T) {
+	t.Run("peer", func(t *testing.T) {
+		sock := startDaemon(t)
+		ln := listen(t, sock)
+		p, c := rawClient(t, sock, ln)
+		defer c.Close()
+		p.send(t, msg(sdp.MIDData, 1, nil)) // credits, as a dialer's first message
+		errc := make(chan error, 1)
+		go func() { _, err := c.Read(make([]byte, 10)); errc <- err }()
+		time.Sleep(50 * time.Millisecond)
+		p.ia.Close() // as the process's death closes its session
+		select {
+		case err := <-errc:
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("Read after the peer died: %v, want a reset", err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Read hangs after the peer died")
+		}
+		if _, err := c.Write([]byte("x")); err == nil {
+			t.Fatal("Write after the peer died succeeded")
+		}
+	})
+	t.Run("daemon", func(t *testing.T) {
+		sock := filepath.Join(t.TempDir(), "lo.sock")
+		d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		go d.Serve()
+		ln := listen(t, sock)
+		c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+		if err != nil {
+			d.Close()
+			t.Fatal(err)
+		}
+		defer c1.Close()
+		defer c2.Close()
+		errc := make(chan error, 1)
+		go func() { _, err := c1.Read(make([]byte, 10)); errc <- err }()
+		time.Sleep(50 * time.Millisecond)
+		d.Close()
+		select {
+		case err := <-errc:
+			if err == nil {
+				t.Fatal("Read returned no error after the daemon went away")
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatal("Read hangs after the daemon went away")
+		}
+		if _, err := c2.Write(make([]byte, 1<<20)); err == nil {
+			t.Fatal("Write after the daemon went away succeeded")
+		}
+	})
 }
