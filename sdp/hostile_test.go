@@ -6,9 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
-	"log/slog"
 	"net"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,7 +14,6 @@ import (
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
-	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/sdp"
 )
 
@@ -418,16 +415,10 @@ func TestPeerOrDaemonDies(t *testing.T) {
 		}
 	})
 	t.Run("daemon", func(t *testing.T) {
-		sock := filepath.Join(t.TempDir(), "lo.sock")
-		d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go d.Serve()
+		sock, d := startServer(t)
 		ln := listen(t, sock)
 		c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
 		if err != nil {
-			d.Close()
 			t.Fatal(err)
 		}
 		defer c1.Close()

@@ -22,6 +22,12 @@ import (
 // startDaemon runs a softrnicd on loopback for the test and returns its
 // socket.
 func startDaemon(t testing.TB) string {
+	sock, _ := startServer(t)
+	return sock
+}
+
+// startServer is startDaemon with the daemon, for a test that closes it.
+func startServer(t testing.TB) (string, *daemon.Server) {
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "lo.sock")
 	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -30,7 +36,7 @@ func startDaemon(t testing.TB) string {
 	}
 	go d.Serve()
 	t.Cleanup(func() { d.Close() })
-	return sock
+	return sock, d
 }
 
 // pair returns a dialed and an accepted connection of ln.
