@@ -85,7 +85,25 @@ type kernelConn struct {
 	idleOK atomic.Bool
 	idleAt time.Time
 	idleID uint32
+	// writeState is writeBusy while a goroutine writes octets Fill gave
+	// and has not yet told the MPA layer the socket took them (wrote),
+	// writeEndHeld if the receive side ended meanwhile: that end waits,
+	// in heldErr, for the report. A peer that disconnects the moment
+	// our last Send reaches it sends a FIN the receive goroutine may
+	// read before the writer reports; handled first, it would flush a
+	// Send the peer holds. The writer, which takes it over, runs the
+	// held end. Atomic: a write's callback must not take mu (a Close
+	// under mu waits for it).
+	writeState atomic.Uint32
+	heldErr    error
 }
+
+// writeState values.
+const (
+	writeIdle = iota
+	writeBusy
+	writeEndHeld
+)
 
 // kernelIdleAfter is how long a receive goroutine waits for something to
 // read before it hands its socket to the idle set. Going there and back
@@ -233,8 +251,9 @@ func (kc *kernelConn) receive() {
 			continue
 		}
 		if err != nil {
-			kc.ended(err)
-			kc.loops.Done()
+			if !kc.ended(err) {
+				kc.loops.Done()
+			} // else the writer ends the connection, and counts this goroutine out
 			return
 		}
 	}
@@ -371,9 +390,35 @@ func (kc *kernelConn) readable() bool {
 }
 
 // ended handles the end of the receive side: the peer's FIN, a reset, a
-// timeout during MPA startup, or the socket closed by Abort.
-func (kc *kernelConn) ended(err error) {
+// timeout during MPA startup, or the socket closed by Abort. While a
+// writer has octets to report (writeState) the end is held for it to
+// run: held is true then.
+func (kc *kernelConn) ended(err error) (held bool) {
 	q := kc.lock()
+	if kc.writeState.CompareAndSwap(writeBusy, writeEndHeld) {
+		kc.heldErr = err
+		kc.unlock(q)
+		return true
+	}
+	kc.endLocked(q, err)
+	return false
+}
+
+// writeDone ends a write's report (both locks held): a receive end held
+// meanwhile runs now, and the locks are released either way.
+func (kc *kernelConn) writeDone(q *QP) {
+	if kc.writeState.Swap(writeIdle) != writeEndHeld {
+		kc.unlock(q)
+		return
+	}
+	err := kc.heldErr
+	kc.heldErr = nil
+	kc.endLocked(q, err)
+	kc.loops.Done() // for the receive goroutine, which left it to us
+}
+
+// endLocked is ended's work, from its locks held; it releases them.
+func (kc *kernelConn) endLocked(q *QP, err error) {
 	switch {
 	case errors.Is(err, io.EOF):
 		kc.llp.Event(kc, tcp.EventPeerClosed)
@@ -467,11 +512,10 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 	blocking := rest != nil
 	for {
 		if len(rest) > 0 {
-			if _, err := kc.nc.Write(rest); err != nil {
+			if err := kc.writeAll(rest); err != nil {
 				kc.writeFailed(err)
 				break
 			}
-			kc.wrote(len(rest))
 			rest = nil
 		}
 		q := kc.lock()
@@ -489,6 +533,9 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			held = true
 		case !kc.closed && !kc.finSent:
 			n = kc.llp.Fill(kc, *bp)
+			if n > 0 && !blocking {
+				kc.writeState.Store(writeBusy) // written at once below
+			}
 		}
 		kc.unlock(q)
 		if hook := transmitHeldHook.Load(); held && hook != nil {
@@ -522,6 +569,9 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			continue
 		}
 		w, err := kc.writeNow((*bp)[:n])
+		if hook := wroteHook.Load(); hook != nil {
+			(*hook)(kc)
+		}
 		if err != nil {
 			kc.writeFailed(err)
 			break
@@ -545,16 +595,52 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 // of earlier tests may still be transmitting when a test sets it.
 var transmitHeldHook atomic.Pointer[func(*kernelConn)]
 
+// wroteHook, when set (tests), runs in transmit between a write and its
+// report (wrote).
+var wroteHook atomic.Pointer[func(*kernelConn)]
+
 // wrote tells the MPA layer the socket took n octets: the requests they
 // carry complete now, not before (a consumer that sees its last Send
-// complete and exits must not reset it out of our buffer).
+// complete and exits must not reset it out of our buffer). It ends the
+// write (writeState).
 func (kc *kernelConn) wrote(n int) {
-	if n == 0 {
-		return
-	}
 	q := kc.lock()
-	kc.llp.Wrote(kc, n)
-	kc.unlock(q)
+	if n > 0 {
+		kc.llp.Wrote(kc, n)
+	}
+	kc.writeDone(q)
+}
+
+// writeAll writes b whole, waiting for room, and reports each part the
+// socket takes as it goes. Only the system call itself is a write in
+// writeState's sense: while it waits for room, an end of the receive side
+// is handled at once (its writes to the socket would wait for a peer that
+// may never read again).
+func (kc *kernelConn) writeAll(b []byte) error {
+	for len(b) > 0 {
+		var n int
+		var werr error
+		err := kc.rc.Write(func(fd uintptr) bool {
+			kc.writeState.Store(writeBusy)
+			n, werr = unix.SendmsgN(int(fd), b, nil, nil, unix.MSG_DONTWAIT|unix.MSG_NOSIGNAL)
+			if werr != unix.EAGAIN {
+				return true
+			}
+			n, werr = 0, nil
+			// Wait for room, unless an end came during the call:
+			// then report (nothing) so that it runs.
+			return !kc.writeState.CompareAndSwap(writeBusy, writeIdle)
+		})
+		if err == nil {
+			err = werr
+		}
+		if err != nil {
+			return err
+		}
+		kc.wrote(n)
+		b = b[n:]
+	}
+	return nil
 }
 
 // writeNow writes what the socket takes at once.
@@ -589,7 +675,7 @@ func (kc *kernelConn) writeFailed(err error) {
 	}
 	kc.Abort()
 	kc.txBusy = false
-	kc.unlock(q)
+	kc.writeDone(q)
 }
 
 // sendFIN half-closes the socket once everything is written; a connection

@@ -222,3 +222,63 @@ func TestKernelBatchEndingDuringATransmitRound(t *testing.T) {
 		}
 	}
 }
+
+// A peer that disconnects as soon as our last Send reaches it (dapltest's
+// performance server does) may have its FIN read before the goroutine that
+// wrote the Send has told the QP the socket took it: the Send was
+// delivered and must complete with success, not be flushed by the end of
+// the connection. The hook holds the writer between its write and the
+// report until the FIN was read.
+func TestKernelPeerClosingAfterOurLastSend(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	s, c := pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+	defer s.Destroy()
+	defer c.Destroy()
+	buf, src := srv.mr(4096, qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
+	must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: buf.STag, Addr: buf.Base, Length: 64}}}))
+	c.mu.Lock()
+	kc := c.conn.(*kernelConn)
+	c.mu.Unlock()
+	var once sync.Once
+	hook := func(k *kernelConn) {
+		if k != kc {
+			return
+		}
+		once.Do(func() {
+			for deadline := time.Now().Add(5 * time.Second); srv.rcq.Len() == 0; time.Sleep(time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Error("the Send did not arrive")
+					return
+				}
+			}
+			s.Disconnect(true)
+			// The FIN is read (the end held back, or, before the
+			// fix, handled and the Send flushed).
+			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+				kc.mu.Lock()
+				read := kc.rxDone || kc.writeState.Load() == writeEndHeld
+				kc.mu.Unlock()
+				if read {
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Error("the peer's FIN was not read")
+					return
+				}
+			}
+		})
+	}
+	wroteHook.Store(&hook)
+	defer wroteHook.Store(nil)
+	must(t, c.PostSend(&qp.SendWR{ID: 7, Op: qp.OpSend, Flags: qp.Signaled,
+		SGL: []qp.SGE{{LKey: src.STag, Addr: src.Base, Length: 12}}}))
+	var out [1]completion.Completion
+	for deadline := time.Now().Add(10 * time.Second); cli.scq.Poll(out[:]) == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the Send never completed: %s", cli.dev.Dump())
+		}
+	}
+	if out[0].ID != 7 || out[0].Status != completion.Success || out[0].ByteLen != 12 {
+		t.Fatalf("the Send the peer received completed as %+v, want success with 12 octets", out[0])
+	}
+}
