@@ -4,9 +4,12 @@ package client_test
 // management), each through the client package against a real daemon.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -408,6 +411,61 @@ func TestDAT11And12Disconnect(t *testing.T) {
 	if ev := wait(t, server.conn); ev.Conn != client.Broken && ev.Conn != client.Disconnected {
 		t.Fatalf("server after the client's abrupt disconnect: %v", ev.Conn)
 	}
+}
+
+// A connection that ends without its consumer asking is in the daemon's
+// log, with its addresses and how it ended: the peer's graceful
+// disconnect at Info, the peer's reset at Warn with the cause. The side
+// that asked logs nothing.
+func TestDaemonLogsConnectionsThePeerEnded(t *testing.T) {
+	var logs lockedBuffer
+	sock, _ := startDaemonLogging(t, &logs)
+	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
+	ended := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, `msg="connection ended"`) {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	_, cep, _ := connectPair(t, server, cli, nil)
+	must(t, cep.Disconnect(true))
+	wait(t, cli.conn)
+	wait(t, server.conn)
+	lines := ended()
+	if len(lines) != 1 || !strings.Contains(lines[0], "level=INFO") || !strings.Contains(lines[0], "how=disconnected") ||
+		!strings.Contains(lines[0], "remote=127.0.0.1:") {
+		t.Fatalf("after the client's graceful disconnect, want one Info line for the server's EP: %q", lines)
+	}
+	_, cep, _ = connectPair(t, server, cli, nil)
+	must(t, cep.Disconnect(false))
+	wait(t, cli.conn)
+	wait(t, server.conn)
+	lines = ended()
+	if len(lines) != 2 || !strings.Contains(lines[1], "level=WARN") || !strings.Contains(lines[1], "how=broken") ||
+		!strings.Contains(lines[1], "reset") {
+		t.Fatalf("after the client's abrupt disconnect, want a Warn line naming the reset: %q", lines)
+	}
+}
+
+// lockedBuffer is a log destination a test reads while the daemon writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
 
 // 13. Disconnecting an UNCONNECTED EP flushes its receives; it stays

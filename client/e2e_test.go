@@ -21,8 +21,15 @@ import (
 // connects to itself over 127.0.0.1.
 func startDaemon(t testing.TB) (string, *daemon.Server) {
 	t.Helper()
+	return startDaemonLogging(t, io.Discard)
+}
+
+// startDaemonLogging is startDaemon with the daemon's log, at Info and
+// above, written to log.
+func startDaemonLogging(t testing.TB, log io.Writer) (string, *daemon.Server) {
+	t.Helper()
 	sock := filepath.Join(t.TempDir(), "lo.sock")
-	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(log, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

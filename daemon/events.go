@@ -1,8 +1,10 @@
 package daemon
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sync/atomic"
 	"syscall"
@@ -209,12 +211,32 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending && !peerReset(ev.Err) {
 			ev2 = ctl.EvBroken
 		}
+		if e.state == ctl.EPConnected {
+			s.logEnded(e, ev)
+		}
 		e.setState(ctl.EPDisconnected)
 		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2})
 		if e.freeing {
 			s.dropEP(e)
 		}
 	}
+}
+
+// logEnded logs a connection that ended without its consumer asking: a
+// peer's disconnect at Info, a reset or a break at Warn, with the cause;
+// a few a second, so that a peer daemon going away with ten thousand
+// connections costs a few lines.
+func (s *session) logEnded(e *ep, ev *rnic.ConnEvent) {
+	ok, quiet := s.srv.ended.allow(8)
+	if !ok {
+		return
+	}
+	level := slog.LevelInfo
+	if ev.Kind == rnic.Broken {
+		level = slog.LevelWarn
+	}
+	s.srv.log.Log(context.Background(), level, "connection ended", "session", s.id, "ep", e.h, "local", e.local, "remote", e.remote,
+		"how", ev.Kind.String(), "err", ev.Err, "since_last_logged", quiet)
 }
 
 // peerReset: the connection ended with the peer's reset (on the kernel

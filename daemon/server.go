@@ -39,7 +39,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -120,10 +119,37 @@ type Server struct {
 	// before its connections are closed and its device released.
 	stopped chan struct{}
 
-	// short is when a request last ran out of resources, in unix
-	// nanoseconds, and shortQuiet how many more did since it was logged.
-	short      atomic.Int64
-	shortQuiet atomic.Int64
+	// short limits the log of requests that ran out of resources, ended
+	// the log of connections that ended on their own.
+	short, ended logLimit
+}
+
+// logLimit lets a log line through at most burst times a second and
+// counts the ones it held back, for the next line to say.
+type logLimit struct {
+	mu     sync.Mutex
+	window time.Time
+	n      int
+	quiet  int64
+}
+
+// allow reports whether a line may be logged now, and how many were held
+// back since the last one was.
+func (l *logLimit) allow(burst int) (bool, int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if now.Sub(l.window) >= time.Second {
+		l.window, l.n = now, 0
+	}
+	if l.n >= burst {
+		l.quiet++
+		return false, 0
+	}
+	l.n++
+	q := l.quiet
+	l.quiet = 0
+	return true, q
 }
 
 // logResources logs a request that ran out of resources (a descriptor
@@ -131,13 +157,9 @@ type Server struct {
 // INSUFFICIENT_RESOURCES. A client retrying at the limit logs once a
 // second, with the count of those not logged.
 func (s *Server) logResources(sess *session, op ctl.Op, msg string) {
-	now := time.Now().UnixNano()
-	last := s.short.Load()
-	if now-last < int64(time.Second) || !s.short.CompareAndSwap(last, now) {
-		s.shortQuiet.Add(1)
-		return
+	if ok, quiet := s.short.allow(1); ok {
+		s.log.Warn("out of resources", "session", sess.id, "pid", sess.cred.Pid, "op", op.String(), "err", msg, "since_last_logged", quiet)
 	}
-	s.log.Warn("out of resources", "session", sess.id, "pid", sess.cred.Pid, "op", op.String(), "err", msg, "since_last_logged", s.shortQuiet.Swap(0))
 }
 
 // New checks the options, opens the device and listens on the control
