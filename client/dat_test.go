@@ -450,6 +450,27 @@ func TestDaemonLogsConnectionsThePeerEnded(t *testing.T) {
 	}
 }
 
+// MPA attributes out of range are refused at CreateEP, before anything
+// reaches the wire; ParseRTR reads the tools' spelling.
+func TestEPMPAAttributesChecked(t *testing.T) {
+	sock, _ := startDaemon(t)
+	cli := newApp(t, sock, "c")
+	pz, err := cli.ia.CreatePZ()
+	must(t, err)
+	for _, a := range []client.EPAttr{{MPARevision: 3}, {PeerToPeer: true, RTR: 8}} {
+		a.PZ, a.RecvEVD, a.RequestEVD, a.ConnectEVD, a.SQDepth, a.RQDepth = pz, cli.recv, cli.req, cli.conn, 4, 4
+		if _, err := cli.ia.CreateEP(a); !errors.Is(err, client.ErrInvalidParameter) {
+			t.Errorf("MPA revision %d, RTR %d: %v, want INVALID_PARAMETER", a.MPARevision, a.RTR, err)
+		}
+	}
+	if r, err := client.ParseRTR("read, write"); err != nil || r != client.RTRRead|client.RTRWrite {
+		t.Errorf("ParseRTR: %v %v", r, err)
+	}
+	if _, err := client.ParseRTR("write,"); err == nil {
+		t.Error("ParseRTR took an empty name")
+	}
+}
+
 // lockedBuffer is a log destination a test reads while the daemon writes.
 type lockedBuffer struct {
 	mu sync.Mutex

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,15 +42,48 @@ type EPAttr struct {
 	IRD, ORD int
 	// NoCRC does not ask for MPA CRC32c; Markers asks for MPA markers;
 	// MPARevision 1 speaks plain RFC 5044; PeerToPeer asks for the
-	// RFC 6581 peer-to-peer model.
+	// RFC 6581 peer-to-peer model, in which the initiator sends one RTR
+	// message, of a kind in RTR (the initiator offers them, the
+	// responder picks one it accepts; zero: a zero-length RDMA Write or
+	// Read, which every iWARP implementation takes).
 	NoCRC, Markers bool
 	MPARevision    int
 	PeerToPeer     bool
+	RTR            RTR
+}
+
+// RTR is a set of peer-to-peer ready-to-receive messages (RFC 6581 §9.2).
+type RTR uint8
+
+// The RTR messages.
+const (
+	RTRSend  RTR = 1 << iota // a zero-length Send
+	RTRWrite                 // a zero-length RDMA Write
+	RTRRead                  // a zero-length RDMA Read
+)
+
+// ParseRTR reads a set of RTR messages as tools name them: "write",
+// "read", "send", joined by commas ("write,read").
+func ParseRTR(s string) (RTR, error) {
+	var r RTR
+	for _, name := range strings.Split(s, ",") {
+		switch strings.TrimSpace(name) {
+		case "send":
+			r |= RTRSend
+		case "write":
+			r |= RTRWrite
+		case "read":
+			r |= RTRRead
+		default:
+			return 0, fmt.Errorf("RTR %q: want write, read or send, joined by commas", name)
+		}
+	}
+	return r, nil
 }
 
 func (a *EPAttr) wire() ctl.EPAttr {
 	w := ctl.EPAttr{SQDepth: uint32(a.SQDepth), RQDepth: uint32(a.RQDepth), IRD: uint16(a.IRD), ORD: uint16(a.ORD),
-		NoCRC: a.NoCRC, Markers: a.Markers, MPARev: uint8(a.MPARevision), PeerToPeer: a.PeerToPeer}
+		NoCRC: a.NoCRC, Markers: a.Markers, MPARev: uint8(a.MPARevision), PeerToPeer: a.PeerToPeer, RTR: uint8(a.RTR)}
 	if a.PZ != nil {
 		w.PZ = a.PZ.h
 	}

@@ -156,7 +156,10 @@ type Event struct {
 	Invalidated uint32 // with HasInvalidated
 	HasInvalid  bool
 	Immediate   [8]byte
-	// Cause is the Terminate cause of a failed completion, if known.
+	// Cause is the Terminate cause of a failed completion, or of a
+	// connection event whose connection ended with a Terminate, sent
+	// or received (a connect refused for an MPA negotiation the peer
+	// could not meet: no RTR in common, too few Read credits), if known.
 	Cause *ddp.TerminateError
 	// Connection events.
 	Conn ConnEvent

@@ -25,7 +25,7 @@ import (
 // Protocol constants.
 const (
 	Magic      = 0x5352 // "SR"
-	Version    = 3
+	Version    = 4
 	HeaderLen  = 16
 	MaxMessage = 64 << 10
 	// MaxBytes bounds one string or byte-slice field.

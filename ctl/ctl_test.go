@@ -12,7 +12,7 @@ func TestRoundTrip(t *testing.T) {
 		&Hello{Client: "test"},
 		&HelloReply{Session: 7, IA: IAAttr{Name: "veth0", Datapath: "kernel", Address: "192.0.2.1", MaxEP: 1, MaxSGE: 4}},
 		&RegisterLMR{PZ: 1, Offset: 4096, Length: 1 << 20, VA: 0x7f0000000000, Access: AccessRemoteWrite | AccessLocalWrite},
-		&CreateEP{Attr: EPAttr{PZ: 1, RecvEVD: 2, RequestEVD: 3, ConnectEVD: 4, SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, PeerToPeer: true}},
+		&CreateEP{Attr: EPAttr{PZ: 1, RecvEVD: 2, RequestEVD: 3, ConnectEVD: 4, SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, PeerToPeer: true, RTR: 4}},
 		&EPInfo{State: 5, LocalAddr: "192.0.2.1:4791", PrivateData: []byte{1, 2, 3}, HasQP: true},
 		&Connect{EP: 9, Addr: "192.0.2.2:4791", PrivateData: make([]byte, 256), TimeoutUS: 1e6},
 	}
@@ -46,7 +46,7 @@ func TestRoundTrip(t *testing.T) {
 
 func TestHeaderVector(t *testing.T) {
 	b, _ := Marshal(Header{Op: OpConnect, Flags: 0, ID: 0x01020304, Status: Timeout}, &Handle{H: 5})
-	want := []byte{'S', 'R', 0, 3, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
+	want := []byte{'S', 'R', 0, 4, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
 	if !bytes.Equal(b, want) {
 		t.Fatalf("got %x\nwant %x", b, want)
 	}

@@ -206,6 +206,9 @@ type EPAttr struct {
 	Markers    bool
 	MPARev     uint8
 	PeerToPeer bool
+	// RTR: the peer-to-peer RTR messages offered or accepted, as
+	// mpa.RTR (send 1, write 2, read 4); 0 is write or read.
+	RTR uint8
 }
 
 // CreateEP creates an endpoint. With a PZ its send and receive rings are

@@ -14,6 +14,7 @@ import (
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/shm"
+	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/qp"
 	"github.com/softrnic/softrnic/rnic"
 	"golang.org/x/sys/unix"
@@ -156,8 +157,8 @@ func (s *session) epReply(e *ep) *ctl.EPReply {
 // resolveEP checks an EP's attributes and finds the objects they name;
 // s.mu held. Everything but running out of resources fails here.
 func (s *session) resolveEP(a *ctl.EPAttr) (p *pz, recv, req, conn *evd, err error) {
-	if a.SQDepth > maxQueue || a.RQDepth > maxQueue || a.IRD > 64 || a.ORD > 64 || a.MPARev > 2 {
-		return nil, nil, nil, nil, fail(ctl.InvalidParameter, "EP depths %d/%d, IRD/ORD %d/%d, MPA revision %d", a.SQDepth, a.RQDepth, a.IRD, a.ORD, a.MPARev)
+	if a.SQDepth > maxQueue || a.RQDepth > maxQueue || a.IRD > 64 || a.ORD > 64 || a.MPARev > 2 || a.RTR > 7 {
+		return nil, nil, nil, nil, fail(ctl.InvalidParameter, "EP depths %d/%d, IRD/ORD %d/%d, MPA revision %d, RTR %#x", a.SQDepth, a.RQDepth, a.IRD, a.ORD, a.MPARev, a.RTR)
 	}
 	if a.PZ != 0 {
 		if p, err = get[*pz](s, a.PZ, "PZ"); err != nil {
@@ -217,7 +218,7 @@ func (s *session) configureQP(e *ep, a *ctl.EPAttr, p *pz, recv, req *evd) (file
 	// the rings while it looks for data (Poll).
 	polled := s.srv.dev.Pollers() != nil
 	attr := rnic.QPAttr{SQDepth: int(sqn), RQDepth: int(rqn), IRD: int(a.IRD), ORD: int(a.ORD),
-		SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer,
+		SendCQ: req.cq, RecvCQ: recv.cq, NoCRC: a.NoCRC, Markers: a.Markers, MPARevision: a.MPARev, PeerToPeer: a.PeerToPeer, RTR: mpa.RTR(a.RTR),
 		OnEvent:       func(ev rnic.ConnEvent) { s.queue(pendingEvent{ep: e, ev: &ev}) },
 		BeforeReceive: func() { s.takeQueuedRecvs(e, polled) }}
 	if !polled {

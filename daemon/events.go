@@ -10,6 +10,7 @@ import (
 	"syscall"
 
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/rnic"
 	"github.com/softrnic/softrnic/tcp"
@@ -168,7 +169,7 @@ func (s *session) apply(pe *pendingEvent) {
 		// digest 003 §7.6: one terminal event, receives flushed.
 		e.flushing = true
 		e.qp.Disconnect(false)
-		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: connectEvent(pe.connectErr)})
+		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: connectEvent(pe.connectErr), Cause: terminateCause(pe.connectErr)})
 		if e.freeing {
 			s.dropEP(e)
 		}
@@ -215,7 +216,7 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 			s.logEnded(e, ev)
 		}
 		e.setState(ctl.EPDisconnected)
-		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2})
+		s.emit(e.conn, shm.EVE{Kind: shm.EventConnection, EP: e.h, Event: ev2, Cause: terminateCause(ev.Err)})
 		if e.freeing {
 			s.dropEP(e)
 		}
@@ -237,6 +238,17 @@ func (s *session) logEnded(e *ep, ev *rnic.ConnEvent) {
 	}
 	s.srv.log.Log(context.Background(), level, "connection ended", "session", s.id, "ep", e.h, "local", e.local, "remote", e.remote,
 		"how", ev.Kind.String(), "err", ev.Err, "since_last_logged", quiet)
+}
+
+// terminateCause is the EVE.Cause of a connection that ended with a
+// Terminate, sent or received (an MPA negotiation the peer cannot meet, a
+// protocol error), or 0.
+func terminateCause(err error) uint32 {
+	var te ddp.TerminateError
+	if errors.As(err, &te) {
+		return shm.PackCause(te)
+	}
+	return 0
 }
 
 // peerReset: the connection ended with the peer's reset (on the kernel

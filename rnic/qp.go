@@ -33,6 +33,10 @@ type QPAttr struct {
 	// PeerToPeer asks for (initiator) or accepts (responder) the
 	// peer-to-peer model with a zero-length RTR.
 	PeerToPeer bool
+	// RTR is the set of RTR messages offered (initiator) or accepted
+	// (responder) in the peer-to-peer model; zero is a zero-length Write
+	// or Read, which every iWARP implementation takes.
+	RTR mpa.RTR
 	// OnEvent, if set, receives the connection events instead of the
 	// Events channel. It runs with no lock of the QP held (it may call
 	// the QP), on whichever goroutine released the QP's lock after the
@@ -429,9 +433,13 @@ func (q *QP) Destroy() {
 func (q *QP) mpaConfig(private []byte) mpa.Config {
 	c := mpa.Config{Revision: q.attr.MPARevision, CRC: !q.attr.NoCRC, Markers: q.attr.Markers,
 		IRD: uint16(q.attr.IRD), ORD: uint16(q.attr.ORD), PeerToPeer: q.attr.PeerToPeer, PrivateData: private}
-	// As initiator we send a zero-length Write, the RTR every iWARP
-	// implementation takes; as responder we accept Write and Read.
-	c.RTR = mpa.RTRWrite | mpa.RTRRead
+	// As initiator we offer a zero-length Write or Read, the RTRs every
+	// iWARP implementation takes (the responder picks); as responder we
+	// accept them.
+	c.RTR = q.attr.RTR
+	if c.RTR == 0 {
+		c.RTR = mpa.RTRWrite | mpa.RTRRead
+	}
 	return c
 }
 

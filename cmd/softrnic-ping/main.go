@@ -7,8 +7,17 @@
 // go-ahead; the client Sends its sink buffer; the server RDMA-Writes what it
 // read into it and Sends a go-ahead; the client may compare (-V).
 //
-//	softrnic-ping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-P] [--no-crc] --socket PATH
-//	softrnic-ping -c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [--no-crc] --socket PATH
+//	softrnic-ping -s [-a ADDR] [-p PORT] [-S SIZE] [-v] [-P] [MPA options] --socket PATH
+//	softrnic-ping -c -a ADDR [-p PORT] [-C COUNT] [-S SIZE] [-v] [-V] [MPA options] --socket PATH
+//
+// MPA options (rping has none; siw takes them as module parameters):
+// --no-crc does not ask for CRC; --mpa-rev 1 speaks RFC 5044's revision 1
+// instead of RFC 6581's 2; --p2p asks for (client) or accepts (server) the
+// peer-to-peer model, in which the client sends a ready-to-receive message
+// first; --rtr write,read,send limits the RTR messages the client offers
+// or the server accepts (default write,read). A zero-length Send as RTR
+// takes one of the server's posted receives, which rping's exchange does
+// not expect: "send" is there to test a peer's negotiation, not to ping.
 //
 // The server serves one client and exits, or with -P (persistent) serves
 // clients one after the other until it is stopped: a client whose
@@ -52,7 +61,9 @@ const (
 
 type opts struct {
 	server, client, verbose, validate, persistent bool
-	noCRC                                         bool
+	noCRC, p2p                                    bool
+	mpaRev                                        int
+	rtr                                           client.RTR
 	addr                                          string
 	port, count, size                             int
 	socket                                        string
@@ -73,10 +84,33 @@ func main() {
 	flag.StringVar(&o.socket, "socket", "", "softrnicd control socket")
 	flag.DurationVar(&o.timeout, "timeout", 0, "give up after this long (0: never)")
 	flag.BoolVar(&o.noCRC, "no-crc", false, "do not ask for MPA CRC (it is still used if the peer asks)")
+	flag.IntVar(&o.mpaRev, "mpa-rev", 2, "MPA revision: 2 (RFC 6581) or 1 (RFC 5044)")
+	flag.BoolVar(&o.p2p, "p2p", false, "peer-to-peer model: the client sends an RTR message first (MPA revision 2)")
+	rtr := flag.String("rtr", "", "with --p2p, the RTR messages the client offers or the server accepts: write, read, send, joined by commas (default write,read)")
 	flag.Parse()
-	if o.server == o.client || o.size < minSize || o.size > maxSize || o.port <= 0 || o.port > 65535 {
-		fmt.Fprintf(os.Stderr, "usage: softrnic-ping -s|-c [-a addr] [-p port] [-C count] [-S size %d..%d] [-v] [-V] [-P] --socket PATH\n", minSize, maxSize)
+	usage := func(why string) {
+		fmt.Fprintf(os.Stderr, "softrnic-ping: %s\nusage: softrnic-ping -s|-c [-a addr] [-p port] [-C count] [-S size %d..%d] [-v] [-V] [-P] [--no-crc] [--mpa-rev 1|2] [--p2p [--rtr write,read,send]] --socket PATH\n", why, minSize, maxSize)
 		os.Exit(2)
+	}
+	switch {
+	case o.server == o.client:
+		usage("one of -s and -c")
+	case o.size < minSize || o.size > maxSize:
+		usage(fmt.Sprintf("-S %d out of range", o.size))
+	case o.port <= 0 || o.port > 65535:
+		usage(fmt.Sprintf("-p %d out of range", o.port))
+	case o.mpaRev != 1 && o.mpaRev != 2:
+		usage(fmt.Sprintf("--mpa-rev %d: 1 or 2", o.mpaRev))
+	case o.p2p && o.mpaRev == 1:
+		usage("--p2p needs MPA revision 2: revision 1 has no peer-to-peer model")
+	case *rtr != "" && !o.p2p:
+		usage("--rtr needs --p2p")
+	}
+	if *rtr != "" {
+		var err error
+		if o.rtr, err = client.ParseRTR(*rtr); err != nil {
+			usage(err.Error())
+		}
 	}
 	ctx := context.Background()
 	if o.timeout > 0 {
@@ -140,7 +174,7 @@ func open(ctx context.Context, o *opts) (*side, error) {
 func (s *side) newEP() error {
 	var err error
 	s.ep, err = s.ia.CreateEP(client.EPAttr{PZ: s.pz, RecvEVD: s.recvs, RequestEVD: s.sends, ConnectEVD: s.conn,
-		SQDepth: 16, RQDepth: 2, IRD: 1, ORD: 1, NoCRC: s.o.noCRC})
+		SQDepth: 16, RQDepth: 2, IRD: 1, ORD: 1, NoCRC: s.o.noCRC, MPARevision: s.o.mpaRev, PeerToPeer: s.o.p2p, RTR: s.o.rtr})
 	if err != nil {
 		return err
 	}
@@ -219,11 +253,6 @@ func (s *side) sendInfo(ctx context.Context, addr uint64, stag uint32, size int)
 	return s.done(ctx, "send")
 }
 
-func (s *side) waitConn(ctx context.Context) (client.ConnEvent, error) {
-	ev, err := s.next(ctx, s.conn)
-	return ev.Conn, err
-}
-
 func serve(ctx context.Context, o *opts) error {
 	s, err := open(ctx, o)
 	if err != nil {
@@ -280,13 +309,13 @@ func (s *side) serveOne(ctx context.Context, cr *client.CR) error {
 		return err
 	}
 	actx, cancel := context.WithTimeout(ctx, acceptTimeout)
-	c, err := s.waitConn(actx)
+	ev, err := s.next(actx, s.conn)
 	cancel()
 	if err != nil {
 		return fmt.Errorf("accept: %w", err)
 	}
-	if c != client.Established {
-		return fmt.Errorf("accept: %v", c)
+	if ev.Conn != client.Established {
+		return fmt.Errorf("accept: %v%s", ev.Conn, causeText(ev))
 	}
 	for {
 		// The client's source advertisement, or its disconnect.
@@ -372,8 +401,10 @@ func ping(ctx context.Context, o *opts) error {
 	if err := s.ep.Connect(net.JoinHostPort(o.addr, strconv.Itoa(o.port)), nil, 10*time.Second); err != nil {
 		return err
 	}
-	if c, err := s.waitConn(ctx); err != nil || c != client.Established {
-		return fmt.Errorf("connect: %v %v", c, err)
+	if ev, err := s.next(ctx, s.conn); err != nil {
+		return fmt.Errorf("connect: %w", err)
+	} else if ev.Conn != client.Established {
+		return fmt.Errorf("connect: %v%s", ev.Conn, causeText(ev))
 	}
 	start := byte(65)
 	src := s.buf.Bytes[offStart : offStart+o.size]
@@ -406,8 +437,18 @@ func ping(ctx context.Context, o *opts) error {
 	if err := s.ep.Disconnect(true); err != nil {
 		return err
 	}
-	if c, err := s.waitConn(ctx); err != nil || (c != client.Disconnected && c != client.Broken) {
-		return fmt.Errorf("disconnect: %v %v", c, err)
+	if ev, err := s.next(ctx, s.conn); err != nil {
+		return fmt.Errorf("disconnect: %w", err)
+	} else if ev.Conn != client.Disconnected && ev.Conn != client.Broken {
+		return fmt.Errorf("disconnect: %v%s", ev.Conn, causeText(ev))
 	}
 	return nil
+}
+
+// causeText is ": " and the Terminate that ended the connection, if any.
+func causeText(ev client.Event) string {
+	if ev.Cause == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (Terminate: %v)", ev.Cause)
 }

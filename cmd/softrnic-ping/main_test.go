@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -295,5 +296,148 @@ func TestServerWithoutPersistent(t *testing.T) {
 	}
 	if err := srv.wait(t, 30*time.Second); err == nil || !strings.Contains(srv.stderr.String(), "exceeds ours") {
 		t.Fatalf("server after a failed client: %v; stderr: %s", err, srv.stderr)
+	}
+}
+
+// readFrame reads one MPA startup frame (Request or Reply) from c.
+func readFrame(t *testing.T, c net.Conn, reply bool) mpa.Frame {
+	t.Helper()
+	b := make([]byte, 0, 1024)
+	buf := make([]byte, 1024)
+	for {
+		if n, err := mpa.FrameLen(b); err == nil && n > 0 && len(b) >= n {
+			f, _, err := mpa.ParseFrame(b, reply)
+			if err != nil {
+				t.Fatalf("MPA frame: %v", err)
+			}
+			return f
+		}
+		n, err := c.Read(buf)
+		if err != nil {
+			t.Fatalf("reading an MPA frame (%d octets so far): %v", len(b), err)
+		}
+		b = append(b, buf[:n]...)
+	}
+}
+
+// The MPA options reach the wire: the client's Request carries the
+// revision, the peer-to-peer bit and the RTR messages it offers (read here
+// by a plain TCP listener), and the server's Reply the RTR it picks or,
+// with none in common, those it accepts.
+func TestMPAOptionsOnTheWire(t *testing.T) {
+	_, sock := startDaemon(t)
+	for _, c := range []struct {
+		args    string
+		rev     uint8
+		p2p     bool
+		offered mpa.RTR
+	}{
+		{"", 2, false, 0},
+		{"--mpa-rev 1", 1, false, 0},
+		{"--p2p", 2, true, mpa.RTRWrite | mpa.RTRRead},
+		{"--p2p --rtr read", 2, true, mpa.RTRRead},
+		{"--p2p --rtr write,send", 2, true, mpa.RTRWrite | mpa.RTRSend},
+	} {
+		t.Run("client "+c.args, func(t *testing.T) {
+			l, err := net.Listen("tcp4", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			got := make(chan mpa.Frame, 1)
+			go func() {
+				conn, err := l.Accept()
+				if err != nil {
+					return
+				}
+				defer conn.Close()
+				_ = conn.SetDeadline(time.Now().Add(20 * time.Second))
+				got <- readFrame(t, conn, false)
+			}()
+			out, err := runClient(t, sock, l.Addr().(*net.TCPAddr).Port, "-C 1 "+c.args)
+			if err == nil {
+				t.Fatalf("a client whose server never answered succeeded: %s", out)
+			}
+			select {
+			case f := <-got:
+				if f.Revision != c.rev || f.PeerToPeer != c.p2p || f.RTR != c.offered {
+					t.Fatalf("Request revision %d, p2p %v, RTR %v; want %d, %v, %v", f.Revision, f.PeerToPeer, f.RTR, c.rev, c.p2p, c.offered)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatalf("no MPA Request; client said %s", out)
+			}
+		})
+	}
+	for _, c := range []struct {
+		args           string
+		offered, reply mpa.RTR
+	}{
+		{"--p2p", mpa.RTRWrite | mpa.RTRRead, mpa.RTRWrite},
+		{"--p2p --rtr read", mpa.RTRWrite | mpa.RTRRead, mpa.RTRRead},
+		{"--p2p --rtr read", mpa.RTRWrite | mpa.RTRSend, mpa.RTRRead}, // none in common: what it accepts
+		{"--p2p --rtr send,read", mpa.RTRSend, mpa.RTRSend},
+	} {
+		t.Run(fmt.Sprintf("server %s offered %v", c.args, c.offered), func(t *testing.T) {
+			port := freePort(t)
+			startServer(t, fmt.Sprintf("-s -a 127.0.0.1 -p %d -P --socket %s %s", port, sock, c.args))
+			rawClient(t, port, func(conn *net.TCPConn) {
+				req := mpa.Frame{Revision: 2, Enhanced: true, IRD: 1, ORD: 1, PeerToPeer: true, RTR: c.offered}
+				b, err := req.Append(nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := conn.Write(b); err != nil {
+					t.Fatal(err)
+				}
+				f := readFrame(t, conn, true)
+				if !f.PeerToPeer || f.RTR != c.reply {
+					t.Fatalf("Reply p2p %v, RTR %v; want p2p, RTR %v", f.PeerToPeer, f.RTR, c.reply)
+				}
+			})
+		})
+	}
+}
+
+// Two softrnic-pings agree on every MPA variant; a client offering only an
+// RTR the server does not accept is refused with the Terminate it sent
+// (RFC 6581 §9.2: no matching RTR), which it prints; bad options are
+// usage errors.
+func TestMPAOptionsBetweenPings(t *testing.T) {
+	_, sock := startDaemon(t)
+	for _, c := range []struct{ server, client string }{
+		{"--mpa-rev 1", "--mpa-rev 1"},
+		{"", "--mpa-rev 1"},
+		{"--p2p", "--p2p"},
+		{"--p2p --rtr read", "--p2p"},
+		{"--p2p", "--p2p --rtr read"},
+	} {
+		t.Run(c.server+"/"+c.client, func(t *testing.T) {
+			port := freePort(t)
+			srv := startServer(t, fmt.Sprintf("-s -a 127.0.0.1 -p %d --socket %s %s", port, sock, c.server))
+			if out, err := runClient(t, sock, port, c.client); err != nil {
+				t.Fatalf("client: %v\n%s\nserver: %s", err, out, srv.stderr)
+			}
+			if err := srv.wait(t, 30*time.Second); err != nil {
+				t.Fatalf("server: %v: %s", err, srv.stderr)
+			}
+		})
+	}
+	t.Run("no RTR in common", func(t *testing.T) {
+		port := freePort(t)
+		srv := startServer(t, fmt.Sprintf("-s -a 127.0.0.1 -p %d -P --socket %s --p2p --rtr write", port, sock))
+		out, err := runClient(t, sock, port, "--p2p --rtr read")
+		if err == nil || !strings.Contains(out, "connect: NON_PEER_REJECTED (Terminate: ") || !strings.Contains(out, "RTR") {
+			t.Fatalf("want the refusal with its Terminate named, got %v: %s", err, out)
+		}
+		srv.running(t, "a refused client")
+	})
+	for _, args := range []string{"--p2p --mpa-rev 1", "--rtr write", "--p2p --rtr bogus", "--mpa-rev 3"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		out, err := pingCmd(ctx, "-c -a 127.0.0.1 --socket "+sock+" "+args).CombinedOutput()
+		cancel()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), "usage:") {
+			t.Errorf("%q: want a usage error (exit 2), got %v: %s", args, err, out)
+		}
 	}
 }
