@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/softrnic/softrnic/ctl"
@@ -519,7 +520,8 @@ func (r *run) teardown() Teardown {
 	}
 	td.Live = td.Peers.Live
 	if len(td.Peers.EndedBefore) > 0 {
-		r.fail("teardown", fmt.Errorf("connections that came up ended on their own before it: %v", td.Peers.EndedBefore))
+		r.fail("teardown", fmt.Errorf("connections that came up ended on their own before it: %v; the hosts' kernels sent resets: %s",
+			td.Peers.EndedBefore, r.kernelResets()))
 	}
 	r.progress("SIGTERM to B's daemon with %d QPs live: %s after %.2f s; A saw %d of %d disconnects (%v), the last at %.2f s",
 		td.Live, td.ExitStatus, td.Seconds, td.Peers.Seen, td.Peers.Live, td.Peers.Events, td.Peers.LastSeconds)
@@ -534,3 +536,19 @@ func exitStatus(err error) string {
 }
 
 func mib(b int64) string { return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20)) }
+
+// kernelResets is how many resets each host's kernel sent (on the xdp
+// datapath a segment of an RNIC flow the steering missed gets one).
+func (r *run) kernelResets() string {
+	var out []string
+	for i, h := range []topology.Host{r.o.Pair.A, r.o.Pair.B} {
+		c, err := h.Counters()
+		name := [2]string{"A", "B"}[i]
+		if err != nil {
+			out = append(out, fmt.Sprintf("%s: %v", name, err))
+			continue
+		}
+		out = append(out, fmt.Sprintf("%s %d", name, c["Tcp:OutRsts"]))
+	}
+	return strings.Join(out, ", ")
+}
