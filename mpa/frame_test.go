@@ -191,9 +191,26 @@ func TestNegotiation(t *testing.T) {
 		if ierr != nil || rerr != nil || !pi.PeerToPeer || !pr.PeerToPeer || pi.RTR != RTRWrite || pr.RTR != RTRWrite {
 			t.Fatalf("%v %v %+v %+v", ierr, rerr, pi, pr)
 		}
-		pi, pr, ierr, _ = connect(t, Config{PeerToPeer: true, RTR: RTRSend | RTRRead}, Config{RTR: RTRRead | RTRSend})
+		pi, pr, ierr, _ = connect(t, Config{PeerToPeer: true, RTR: RTRSend | RTRRead, IRD: 1, ORD: 1}, Config{RTR: RTRRead | RTRSend, IRD: 1, ORD: 1})
 		if ierr != nil || pi.RTR != RTRRead || pr.RTR != RTRRead {
 			t.Fatalf("read RTR: %v %+v %+v", ierr, pi, pr)
+		}
+		// A zero-length Read needs ORD at the initiator and IRD at the
+		// responder: without them it is neither offered nor picked.
+		pi, pr, ierr, _ = connect(t, Config{PeerToPeer: true, RTR: RTRSend | RTRRead, IRD: 1, ORD: 1}, Config{RTR: RTRRead | RTRSend, IRD: 0, ORD: 1})
+		if ierr != nil || pi.RTR != RTRSend || pr.RTR != RTRSend {
+			t.Fatalf("read RTR with responder IRD 0: %v %+v %+v", ierr, pi, pr)
+		}
+		if req, _ := (&Config{PeerToPeer: true, RTR: RTRWrite | RTRRead}).Request(); req.RTR != RTRWrite {
+			t.Fatalf("ORD 0 offers %v, want write", req.RTR)
+		}
+		if _, err := (&Config{PeerToPeer: true, RTR: RTRRead}).Request(); err == nil {
+			t.Fatal("a Request offering only a Read RTR with ORD 0")
+		}
+		// A responder (not ours) that picks Read with IRD 0.
+		ini := Config{PeerToPeer: true, RTR: RTRRead, IRD: 1, ORD: 1}
+		if _, err := ini.Complete(&Frame{Reply: true, Revision: 2, Enhanced: true, IRD: 0, ORD: 1, PeerToPeer: true, RTR: RTRRead}); !errors.Is(err, ddp.LLPInsufficientIRD) {
+			t.Fatalf("Read RTR picked with IRD 0: %v", err)
 		}
 		// No RTR in common: the responder lists its own, the initiator
 		// must send Terminate "no matching RTR option".

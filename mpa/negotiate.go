@@ -44,6 +44,24 @@ func (c *Config) rtr() RTR {
 	return c.RTR
 }
 
+// sendable is the RTR messages this endpoint can send as initiator: a
+// zero-length Read needs an ORD of 1 or more.
+func (c *Config) sendable() RTR {
+	if c.ORD == 0 {
+		return c.rtr() &^ RTRRead
+	}
+	return c.rtr()
+}
+
+// answerable is the RTR messages this endpoint can take as responder: a
+// zero-length Read needs an IRD of 1 or more to be answered.
+func (c *Config) answerable() RTR {
+	if c.IRD == 0 {
+		return c.rtr() &^ RTRRead
+	}
+	return c.rtr()
+}
+
 // Params is the outcome of MPA startup for one endpoint.
 type Params struct {
 	Revision uint8
@@ -78,7 +96,9 @@ func (c *Config) Request() (Frame, error) {
 		f.IRD, f.ORD = c.IRD, c.ORD
 		if c.PeerToPeer {
 			f.PeerToPeer = true
-			f.RTR = c.rtr()
+			if f.RTR = c.sendable(); f.RTR == 0 {
+				return f, fmt.Errorf("mpa: no RTR message to offer: %v needs an ORD of 1 or more", c.rtr())
+			}
 		}
 	}
 	return f, f.Validate()
@@ -138,11 +158,16 @@ func (c *Config) Accept(req *Frame) (Frame, Params, error) {
 		// offered, or, with none in common, lists what it supports.
 		reply.PeerToPeer = true
 		p.PeerToPeer = true
-		if pick := pickRTR(req.RTR & c.rtr()); pick != 0 {
+		if pick := pickRTR(req.RTR & c.answerable()); pick != 0 {
 			reply.RTR = pick
 			p.RTR = pick
 		} else {
-			reply.RTR = c.rtr()
+			reply.RTR = c.answerable()
+			if reply.RTR == 0 {
+				// Only a Read accepted, with IRD 0: say read; the
+				// initiator cannot send it either way.
+				reply.RTR = c.rtr()
+			}
 		}
 	}
 	if verr := reply.Validate(); verr != nil {
@@ -211,9 +236,13 @@ func (c *Config) Complete(reply *Frame) (Params, error) {
 		if !reply.PeerToPeer {
 			return p, fmt.Errorf("mpa: responder refused peer-to-peer mode: %w", ddp.LLPNoMatchingRTR)
 		}
-		pick := pickRTR(reply.RTR & c.rtr())
+		pick := pickRTR(reply.RTR & c.sendable())
 		if pick == 0 {
-			return p, fmt.Errorf("mpa: responder supports RTR %v, we send %v: %w", reply.RTR, c.rtr(), ddp.LLPNoMatchingRTR)
+			return p, fmt.Errorf("mpa: responder supports RTR %v, we send %v: %w", reply.RTR, c.sendable(), ddp.LLPNoMatchingRTR)
+		}
+		if pick == RTRRead && p.ORD == 0 {
+			// The responder took a Read RTR with no IRD to answer it.
+			return p, fmt.Errorf("mpa: responder picked a Read RTR with IRD 0: %w", ddp.LLPInsufficientIRD)
 		}
 		p.PeerToPeer = true
 		p.RTR = pick
