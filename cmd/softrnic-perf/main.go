@@ -68,6 +68,10 @@ type opts struct {
 	jsonOut    bool
 	server     string
 	noCRC      bool
+	mpaRev     int
+	p2p        bool
+	rtrArg     string
+	rtr        client.RTR
 	timeout    time.Duration
 	isLatency  bool
 	bufSize    int
@@ -106,6 +110,10 @@ func main() {
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() > 1 || o.qps < 1 || o.qps > maxQPs || o.size < 1 || o.size > 8<<20 || o.depth < 1 {
 		fmt.Fprintf(os.Stderr, "softrnic-perf: bad arguments (one SERVER at most, -q 1..%d, -s 1..8388608, -t >= 1)\n", maxQPs)
+		os.Exit(2)
+	}
+	if err := o.checkMPA(); err != nil {
+		fmt.Fprintln(os.Stderr, "softrnic-perf:", err)
 		os.Exit(2)
 	}
 	if o.qps > 1 && (o.isLatency || o.perftest) {
@@ -214,7 +222,24 @@ func (p *peer) createEP() error {
 		}
 	}
 	p.ep, err = p.ia.CreateEP(client.EPAttr{PZ: p.pz, RecvEVD: p.recvs, RequestEVD: p.sends, ConnectEVD: p.conn,
-		SQDepth: 2 * depth, RQDepth: 4 * depth, IRD: 32, ORD: 32, NoCRC: o.noCRC})
+		SQDepth: 2 * depth, RQDepth: 4 * depth, IRD: 32, ORD: 32, NoCRC: o.noCRC, MPARevision: o.mpaRev, PeerToPeer: o.p2p, RTR: o.rtr})
+	return err
+}
+
+// checkMPA checks the MPA options and reads --rtr.
+func (o *opts) checkMPA() error {
+	switch {
+	case o.mpaRev != 1 && o.mpaRev != 2:
+		return fmt.Errorf("--mpa-rev %d: 1 or 2", o.mpaRev)
+	case o.p2p && o.mpaRev == 1:
+		return errors.New("--p2p needs MPA revision 2: revision 1 has no peer-to-peer model")
+	case o.rtrArg != "" && !o.p2p:
+		return errors.New("--rtr needs --p2p")
+	case o.rtrArg == "":
+		return nil
+	}
+	var err error
+	o.rtr, err = client.ParseRTR(o.rtrArg)
 	return err
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/mpa"
 )
 
 // TestMain lets the test binary run as softrnic-perf.
@@ -188,5 +190,73 @@ func TestPerftestMode(t *testing.T) {
 	// A test --perftest does not speak yet: the client leaves with an error.
 	if out, err := perf(fmt.Sprintf("write_lat --perftest -p %d --socket %s", freePort(t), sock)).CombinedOutput(); err == nil {
 		t.Fatalf("write_lat --perftest server started: %s", out)
+	}
+}
+
+// The MPA options: two softrnic-perfs measure through each variant, plain
+// and --perftest; a --perftest server answers a peer-to-peer Request
+// offering a Read RTR with ORD 1 with an IRD that allows it (siw's ORD 1
+// met IRD 0 before, which only siw's relaxed negotiation let pass); bad
+// combinations are refused.
+func TestMPAOptions(t *testing.T) {
+	sock := startDaemon(t)
+	for _, mpaArgs := range []string{"--mpa-rev 1", "--p2p", "--p2p --rtr read", "--p2p --rtr write"} {
+		for _, test := range []string{"write_bw", "read_bw", "write_bw --perftest", "read_bw --perftest"} {
+			t.Run(mpaArgs+"/"+test, func(t *testing.T) {
+				common := fmt.Sprintf("%s -s 4096 -n 200 -p %d --socket %s --timeout 60s %s", test, freePort(t), sock, mpaArgs)
+				srv, _ := startServer(t, common, os.Stderr)
+				if out, err := perf(common + " 127.0.0.1").CombinedOutput(); err != nil {
+					t.Fatalf("client: %v\n%s", err, out)
+				}
+				if err := srv.Wait(); err != nil {
+					t.Fatalf("server: %v", err)
+				}
+			})
+		}
+	}
+	t.Run("perftest server IRD for a Read RTR", func(t *testing.T) {
+		port := freePort(t)
+		startServer(t, fmt.Sprintf("write_bw --perftest -s 4096 -n 200 -p %d --socket %s --timeout 60s --p2p", port, sock), io.Discard)
+		c, err := net.DialTimeout("tcp4", fmt.Sprintf("127.0.0.1:%d", port), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		req := mpa.Frame{Revision: 2, Enhanced: true, CRC: true, IRD: 1, ORD: 1, PeerToPeer: true, RTR: mpa.RTRRead}
+		b, err := req.Append(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		buf := make([]byte, 512)
+		for {
+			if n, err := mpa.FrameLen(got); err == nil && n > 0 && len(got) >= n {
+				break
+			}
+			n, err := c.Read(buf)
+			if err != nil {
+				t.Fatalf("no MPA Reply (%d octets): %v", len(got), err)
+			}
+			got = append(got, buf[:n]...)
+		}
+		reply, _, err := mpa.ParseFrame(got, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if reply.Reject || !reply.PeerToPeer || reply.RTR != mpa.RTRRead || reply.IRD < 1 {
+			t.Fatalf("Reply to ORD 1 with a Read RTR: reject %v, p2p %v, RTR %v, IRD %d; want an accept picking read with IRD >= 1",
+				reply.Reject, reply.PeerToPeer, reply.RTR, reply.IRD)
+		}
+	})
+	for _, args := range []string{"--p2p --mpa-rev 1", "--rtr read", "--p2p --rtr sideways", "--mpa-rev 0"} {
+		out, err := perf("write_bw --socket " + sock + " " + args).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 {
+			t.Errorf("%q: want exit 2, got %v: %s", args, err, out)
+		}
 	}
 }

@@ -122,8 +122,10 @@ func runPerftest(ctx context.Context, o *opts) error {
 		return err
 	}
 	defer p.ia.Close()
-	// The control QP: no RDMA Reads, two receives, its own event queues
-	// (its closing message can overtake the last measured Send).
+	// The control QP: two receives, its own event queues (its closing
+	// message can overtake the last measured Send), and one RDMA Read
+	// each way, for a peer-to-peer RTR Read (RFC 6581 §9.2): an
+	// initiator offering one asks for ORD 1, which our IRD must meet.
 	c := &ptCtl{p: p, recvOff: uint64(o.bufSize) - 3*ptCtlBuf, sendOff: uint64(o.bufSize) - ptCtlBuf}
 	for _, e := range []**client.EVD{&c.sends, &c.recvs} {
 		if *e, err = p.ia.CreateEVD(client.EVDOptions{Depth: 8, Kind: client.DTOEvents}); err != nil {
@@ -131,7 +133,7 @@ func runPerftest(ctx context.Context, o *opts) error {
 		}
 	}
 	ctlEP, err := p.ia.CreateEP(client.EPAttr{PZ: p.pz, RecvEVD: c.recvs, RequestEVD: c.sends, ConnectEVD: p.conn,
-		SQDepth: 4, RQDepth: 4, NoCRC: o.noCRC})
+		SQDepth: 4, RQDepth: 4, IRD: 1, ORD: 1, NoCRC: o.noCRC, MPARevision: o.mpaRev, PeerToPeer: o.p2p, RTR: o.rtr})
 	if err != nil {
 		return err
 	}
