@@ -35,12 +35,19 @@ func main() {
 	verbose := fs.Bool("v", false, "also print the private data of the startup frames")
 	crc := fs.String("crc", "", "require every MPA connection to have CRC `on` or `off`")
 	out := fs.String("w", "", "write the connections re-cut one FPDU per segment to `FILE`")
+	var want wanted
+	fs.IntVar(&want.rev, "rev", 0, "require every MPA connection to have run MPA revision `N` (Request and Reply)")
+	p2p := fs.String("p2p", "", "require every MPA connection to be peer-to-peer with the `RTR` write, read or send (the Reply picks it, the client sends it first), or not peer-to-peer (off)")
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: softrnic-dump [-v] [--crc on|off] [-w OUT.pcap] FILE.pcap")
+		fmt.Fprintln(fs.Output(), "usage: softrnic-dump [-v] [--crc on|off] [--rev 1|2] [--p2p write|read|send|off] [-w OUT.pcap] FILE.pcap")
 		fs.PrintDefaults()
 	}
 	fs.Parse(os.Args[1:])
-	if fs.NArg() != 1 || (*crc != "" && *crc != "on" && *crc != "off") {
+	want.crc = *crc
+	var p2pOK bool
+	want.rtr, p2pOK = map[string]mpa.RTR{"": 0, "off": 0, "write": mpa.RTRWrite, "read": mpa.RTRRead, "send": mpa.RTRSend}[*p2p]
+	want.noP2P = *p2p == "off"
+	if fs.NArg() != 1 || (*crc != "" && *crc != "on" && *crc != "off") || (want.rev != 0 && want.rev != 1 && want.rev != 2) || !p2pOK {
 		fs.Usage()
 		os.Exit(2)
 	}
@@ -61,7 +68,7 @@ func main() {
 			os.Exit(2)
 		}
 	}
-	if !print(os.Stdout, rep, *crc, *verbose) {
+	if !print(os.Stdout, rep, want, *verbose) {
 		os.Exit(1)
 	}
 }
@@ -83,8 +90,36 @@ func writeNormalized(rep *mpadump.Report, path string) error {
 	return f.Close()
 }
 
+// wanted is what every connection must have negotiated: CRC "on" or
+// "off", revision 1 or 2, peer-to-peer with one RTR or not at all; the
+// zero values ask nothing.
+type wanted struct {
+	crc   string
+	rev   int
+	rtr   mpa.RTR
+	noP2P bool
+}
+
+// mode is what is wrong with a connection's mode, or "".
+func (want wanted) mode(c *mpadump.Conn) string {
+	req, rep := c.Request, c.Reply
+	if want.rev != 0 && (int(req.Revision) != want.rev || int(rep.Revision) != want.rev) {
+		return fmt.Sprintf("MPA revision %d (Request) and %d (Reply), expected %d", req.Revision, rep.Revision, want.rev)
+	}
+	switch {
+	case want.noP2P && (req.PeerToPeer || rep.PeerToPeer):
+		return "peer-to-peer, expected not"
+	case want.rtr != 0 && (!rep.PeerToPeer || rep.RTR != want.rtr):
+		return fmt.Sprintf("Reply peer-to-peer %v with RTR %v, expected peer-to-peer with RTR %v", rep.PeerToPeer, rep.RTR, want.rtr)
+	case want.rtr != 0 && c.ToServer.Leading != want.rtr:
+		return fmt.Sprintf("the client's first message is not a zero-length %v (RTR)", want.rtr)
+	}
+	return ""
+}
+
 // print writes the report and says whether everything checked out.
-func print(w io.Writer, rep *mpadump.Report, wantCRC string, verbose bool) bool {
+func print(w io.Writer, rep *mpadump.Report, want wanted, verbose bool) bool {
+	wantCRC := want.crc
 	ok := true
 	for i, c := range rep.Conns {
 		fmt.Fprintf(w, "connection %d: %s -> %s%s\n", i+1, c.Client(), c.Server(), map[bool]string{true: " (reset)"}[c.Reset()])
@@ -99,6 +134,13 @@ func print(w io.Writer, rep *mpadump.Report, wantCRC string, verbose bool) bool 
 				onOff(c.CRC), onOff(c.ToServer.Markers), onOff(c.ToClient.Markers))
 			if wantCRC != "" && onOff(c.CRC) != wantCRC {
 				fmt.Fprintf(w, "  PROBLEM: CRC %s, expected %s\n", onOff(c.CRC), wantCRC)
+				ok = false
+			}
+			if r := c.ToServer.Leading; r != 0 && c.Reply.PeerToPeer {
+				fmt.Fprintf(w, "  RTR: the client began with a zero-length %v\n", r)
+			}
+			if p := want.mode(c); p != "" {
+				fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 				ok = false
 			}
 		}

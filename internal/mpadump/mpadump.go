@@ -68,6 +68,10 @@ type Dir struct {
 	Ops    [16]int
 	// Terminates are the causes of the Terminate messages sent.
 	Terminates []ddp.TerminateError
+	// Leading is the first message in this direction, if it is one a
+	// peer-to-peer initiator sends as RTR (RFC 6581 §9.2): a
+	// zero-length Send, RDMA Write or RDMA Read; else 0.
+	Leading mpa.RTR
 	// Err is the first thing wrong with the stream: a bad frame, a CRC or
 	// marker error, an invalid DDP header. Nothing after it is decoded.
 	Err error
@@ -294,6 +298,9 @@ func (d *Dir) segment(u []byte) {
 		return
 	}
 	op := seg.Opcode()
+	if d.FPDUs == 1 {
+		d.Leading = leadingRTR(&seg)
+	}
 	d.Ops[op]++
 	if op == ddp.OpTerminate {
 		t := ddp.Terminate(seg.Body)
@@ -303,6 +310,28 @@ func (d *Dir) segment(u []byte) {
 		}
 		d.Terminates = append(d.Terminates, t.Cause())
 	}
+}
+
+// leadingRTR is the RTR a segment would be as the first of its direction.
+func leadingRTR(seg *ddp.Segment) mpa.RTR {
+	if !seg.Header.Last() {
+		return 0
+	}
+	switch seg.Opcode() {
+	case ddp.OpSend:
+		if len(seg.Payload) == 0 {
+			return mpa.RTRSend
+		}
+	case ddp.OpWrite:
+		if len(seg.Payload) == 0 {
+			return mpa.RTRWrite
+		}
+	case ddp.OpReadRequest:
+		if ddp.ReadRequest(seg.Body).Size() == 0 {
+			return mpa.RTRRead
+		}
+	}
+	return 0
 }
 
 // finish notes an FPDU the capture ends inside.

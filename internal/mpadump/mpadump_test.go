@@ -296,3 +296,51 @@ func TestRejectedConnection(t *testing.T) {
 		t.Errorf("rejected connection: problem %q, reply %+v", p, rep.Conns[0].Reply)
 	}
 }
+
+func readReq(size uint32) []byte {
+	b := make([]byte, ddp.UntaggedHeaderLen+ddp.ReadRequestLen)
+	ddp.Untagged(b).Encode(&ddp.UntaggedFields{Last: true, Opcode: ddp.OpReadRequest, QN: ddp.QNReadRequest, MSN: 1})
+	ddp.ReadRequest(b[ddp.UntaggedHeaderLen:]).Encode(&ddp.ReadRequestFields{SinkSTag: 1, Size: size, SrcSTag: 1})
+	return b
+}
+
+// Leading names the zero-length message a direction began with, which a
+// peer-to-peer initiator sends as its RTR; anything else is 0.
+func TestLeadingRTR(t *testing.T) {
+	p2p := func(r mpa.RTR) (mpa.Config, mpa.Config) {
+		return mpa.Config{PeerToPeer: true, RTR: r, IRD: 1, ORD: 1}, mpa.Config{IRD: 1, ORD: 1}
+	}
+	cases := []struct {
+		rtr   mpa.RTR
+		first []byte
+		want  mpa.RTR
+	}{
+		{mpa.RTRWrite, write(0), mpa.RTRWrite},
+		{mpa.RTRRead, readReq(0), mpa.RTRRead},
+		{mpa.RTRSend, send(1, 0), mpa.RTRSend},
+		{0, send(1, 16), 0},
+		{0, write(8), 0},
+		{0, readReq(64), 0},
+	}
+	var cs []conn
+	for _, c := range cases {
+		ini, resp := mpa.Config{IRD: 1, ORD: 1}, mpa.Config{IRD: 1, ORD: 1}
+		if c.rtr != 0 {
+			ini, resp = p2p(c.rtr)
+		}
+		cs = append(cs, conn{ini: ini, resp: resp, up: [][]byte{c.first, send(2, 32)}, down: [][]byte{send(1, 8)}})
+	}
+	rep := analyze(t, capture(t, 7, cs...))
+	if len(rep.Conns) != len(cases) {
+		t.Fatalf("%d connections, want %d", len(rep.Conns), len(cases))
+	}
+	for i, c := range cases {
+		got := rep.Conns[i]
+		if got.ToServer.Leading != c.want || got.ToClient.Leading != 0 {
+			t.Errorf("case %d: leading %v / %v, want %v / none", i, got.ToServer.Leading, got.ToClient.Leading, c.want)
+		}
+		if c.rtr != 0 && (!got.Reply.PeerToPeer || got.Reply.RTR != c.rtr) {
+			t.Errorf("case %d: Reply p2p %v RTR %v", i, got.Reply.PeerToPeer, got.Reply.RTR)
+		}
+	}
+}
