@@ -90,6 +90,11 @@ type Stats struct {
 	// Duplicated packets were sent twice; Reordered copies were held
 	// back.
 	Duplicated, Reordered uint64
+	// LastDuplicated: the packet pushed last was sent twice (a
+	// connection's final ACK sent twice reaches a peer that has, at the
+	// first, let the connection go, and is rightly answered with a
+	// reset).
+	LastDuplicated bool
 }
 
 func (s Stats) String() string {
@@ -158,9 +163,11 @@ func (s *Stage) Push(now time.Duration, pkt []byte) {
 		return
 	}
 	copies := 1
+	s.Stats.LastDuplicated = false
 	if c.Duplicate > 0 && s.rng.Float64() < c.Duplicate {
 		copies = 2
 		s.Stats.Duplicated++
+		s.Stats.LastDuplicated = true
 	}
 	due := now + c.Delay
 	if c.Jitter > 0 {

@@ -281,3 +281,20 @@ func TestParse(t *testing.T) {
 		}
 	}
 }
+
+// LastDuplicated says whether the packet pushed last went twice.
+func TestLastDuplicated(t *testing.T) {
+	s := New(Config{Seed: 1, Duplicate: 0.5})
+	seen := map[bool]bool{}
+	for i := range 200 {
+		before := s.Stats.Duplicated
+		s.Push(time.Duration(i), []byte{byte(i)})
+		if got, want := s.Stats.LastDuplicated, s.Stats.Duplicated > before; got != want {
+			t.Fatalf("packet %d: LastDuplicated %v, but it went %d times", i, got, 1+s.Stats.Duplicated-before)
+		}
+		seen[s.Stats.LastDuplicated] = true
+	}
+	if !seen[true] || !seen[false] {
+		t.Fatalf("200 packets at 50%%: LastDuplicated only ever %v", seen)
+	}
+}
