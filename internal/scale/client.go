@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -128,6 +129,8 @@ type proc struct {
 	dataSeq uint64
 	// results are the passive side's checks of the Writes, oldest first.
 	results []DataResult
+	// marked are the connections mark-live found up (active).
+	marked []*endpoint
 	// changed is poked (never blocking) after every change under mu;
 	// the command loop, the only waiter, sleeps on it.
 	changed chan struct{}
@@ -470,6 +473,8 @@ func (p *proc) command(f []string) any {
 		}
 	case f[0] == "close" && p.opts.Role == Active:
 		return p.closeAll()
+	case f[0] == "mark-live" && p.opts.Role == Active:
+		return p.markLive()
 	case f[0] == "await-disconnects" && p.opts.Role == Active:
 		if v, ok := ints(1); ok {
 			return p.awaitDisconnects(seconds(v[0]))
@@ -699,42 +704,65 @@ func countEnded(eps []*endpoint) int {
 	return n
 }
 
-// DisconnectReply answers await-disconnects.
-type DisconnectReply struct {
-	// Live is how many connections were up when the command arrived,
-	// Seen how many of them have since had an event ending them.
+// MarkReply answers mark-live.
+type MarkReply struct {
+	// Live is how many connections are up.
 	Live int `json:"live"`
-	Seen int `json:"seen"`
-	// LastSeconds is when the last of them came, from the command.
-	LastSeconds float64 `json:"last_seconds"`
-	// Events counts the events by name (DISCONNECTED, BROKEN).
-	Events map[string]int `json:"events"`
 	// EndedBefore counts, by event, the connections that had come up
 	// and ended on their own before the command: none should.
 	EndedBefore map[string]int `json:"ended_before,omitempty"`
 }
 
-// awaitDisconnects waits up to d for every live connection's end: the
-// orchestrator sends it just before it stops the peer's daemon.
-func (p *proc) awaitDisconnects(d time.Duration) DisconnectReply {
-	t0 := time.Now()
+// markLive notes the connections up now, for await-disconnects to watch.
+// The orchestrator has the answer before it stops the peer's daemon, so
+// that no disconnect the signal causes can pass for one that came before
+// it, however late this process reads its commands.
+func (p *proc) markLive() MarkReply {
 	p.mu.Lock()
-	var live []*endpoint
-	before := map[string]int{}
+	defer p.mu.Unlock()
+	p.marked = p.marked[:0]
+	r := MarkReply{EndedBefore: map[string]int{}}
 	for _, e := range p.eps {
 		switch {
 		case e.live():
-			live = append(live, e)
+			p.marked = append(p.marked, e)
 		case e.established:
-			before[e.ended.String()]++
+			r.EndedBefore[e.ended.String()]++
 		}
 	}
+	r.Live = len(p.marked)
+	if len(r.EndedBefore) == 0 {
+		r.EndedBefore = nil
+	}
+	return r
+}
+
+// DisconnectReply answers await-disconnects.
+type DisconnectReply struct {
+	// Live is how many connections mark-live found up, Seen how many
+	// of them have since had an event ending them.
+	Live int `json:"live"`
+	Seen int `json:"seen"`
+	// LastUnixNano is when the last of them came (the orchestrator
+	// takes it from its signal); LastSeconds is that, filled in by the
+	// orchestrator.
+	LastUnixNano int64   `json:"last_unix_nano"`
+	LastSeconds  float64 `json:"-"`
+	// Events counts the events by name (DISCONNECTED, BROKEN).
+	Events map[string]int `json:"events"`
+	// EndedBefore counts, by event, the connections that had come up
+	// and ended on their own before mark-live: none should.
+	EndedBefore map[string]int `json:"ended_before,omitempty"`
+}
+
+// awaitDisconnects waits up to d for every connection mark-live found up
+// to end.
+func (p *proc) awaitDisconnects(d time.Duration) DisconnectReply {
+	p.mu.Lock()
+	live := slices.Clone(p.marked)
 	p.mu.Unlock()
 	p.waitFor(d, func() bool { return countEnded(live) == len(live) })
 	r := DisconnectReply{Live: len(live), Events: map[string]int{}}
-	if len(before) > 0 {
-		r.EndedBefore = before
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, e := range live {
@@ -743,7 +771,7 @@ func (p *proc) awaitDisconnects(d time.Duration) DisconnectReply {
 		}
 		r.Seen++
 		r.Events[e.ended.String()]++
-		r.LastSeconds = max(r.LastSeconds, e.at.Sub(t0).Seconds())
+		r.LastUnixNano = max(r.LastUnixNano, e.at.UnixNano())
 	}
 	return r
 }

@@ -497,14 +497,23 @@ func (r *run) dataCheck(step string) DataCheck {
 }
 
 // teardown sends SIGTERM to B's daemon with every QP live, times its exit
-// and collects what A's client saw: the client starts its clock on the
-// command, sent just before the signal.
+// and collects what A's client saw. A's client notes the live connections
+// and answers (mark-live) before the signal: a CI run once counted 46
+// connections as ended "before" the teardown because the client, slow to
+// read its command, took its note after the signal's disconnects began.
+// Times are from the signal.
 func (r *run) teardown() Teardown {
 	var td Teardown
 	wait := r.o.TeardownLimit + 30*time.Second
 	// The daemon is stopped even if A's client cannot watch: the
 	// restart that follows needs its socket.
-	sent := r.clients[0].send(fmt.Sprintf("await-disconnects %d", int(wait.Seconds())))
+	var mark MarkReply
+	marked := r.clients[0].call(30*time.Second, &mark, "mark-live")
+	sent := marked
+	if sent == nil {
+		sent = r.clients[0].send(fmt.Sprintf("await-disconnects %d", int(wait.Seconds())))
+	}
+	signalled := time.Now()
 	took, exited := r.daemons[1].terminate(r.o.TeardownLimit)
 	td.Seconds, td.Exited = took.Seconds(), exited
 	td.ExitStatus = exitStatus(r.daemons[1].err)
@@ -519,6 +528,10 @@ func (r *run) teardown() Teardown {
 		r.fail("teardown", err)
 	}
 	td.Live = td.Peers.Live
+	td.Peers.EndedBefore = mark.EndedBefore
+	if td.Peers.LastUnixNano > 0 {
+		td.Peers.LastSeconds = time.Unix(0, td.Peers.LastUnixNano).Sub(signalled).Seconds()
+	}
 	if len(td.Peers.EndedBefore) > 0 {
 		r.fail("teardown", fmt.Errorf("connections that came up ended on their own before it: %v; the hosts' kernels sent resets: %s",
 			td.Peers.EndedBefore, r.kernelResets()))
