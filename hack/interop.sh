@@ -213,7 +213,7 @@ done
 PT_TESTS="write_bw send_bw read_bw read_lat write_lat"
 PT_SPOKEN="write_bw send_bw read_bw read_lat"
 perftest_scenario() {
-	local role=$1 name="perftest-$1" ok=PASS
+	local role=$1 name="perftest-$1" ok=PASS mode="--rev 2 --p2p off"
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
 	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.perf"
 	tcpdump -i lo -B 32768 -w "$pcap" -U --immediate-mode -s 0 "tcp portrange 28515-28519" 2> "$work/$name.tcpdump" &
@@ -312,7 +312,7 @@ xdp_scenario() {
 	report "$name" "$crc" 8 5
 }
 xdp_perftest() {
-	local role=$1 name="xdp-perftest-$1" ok=PASS
+	local role=$1 name="xdp-perftest-$1" ok=PASS mode="--rev 2 --p2p off"
 	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
 	local pcap="$work/$name.pcap" log="$work/$name.guest" plog="$work/$name.perf" dlog="$work/$name.daemon"
 	: > "$plog"
