@@ -26,6 +26,10 @@ declare -A test_pkgs=(
 declare -A test_files=(
 	[/usr/include/bpf/bpf_helpers.h]=libbpf-dev # bpf: libbpf headers
 	[/usr/bin/dtest]=dapl2-utils                # systest: dtest, dapltest
+	# verbs/abi: the export tables the libibverbs and librdmacm
+	# replacements must equal (issue 22)
+	[/usr/lib/x86_64-linux-gnu/libibverbs.so.1]=libibverbs1
+	[/usr/lib/x86_64-linux-gnu/librdmacm.so.1]=librdmacm1
 )
 
 # What the build needs: the uDAPL provider (dapl/) compiles against the DAT

@@ -1,0 +1,34 @@
+// Command gen writes verbs/abi's manifests and version scripts from the
+// installed rdma-core libraries (make generate; run in verbs/abi).
+package main
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/softrnic/softrnic/verbs/abi"
+)
+
+func main() {
+	for _, lib := range abi.Libraries {
+		path, err := abi.Installed(lib)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gen:", err)
+			os.Exit(1)
+		}
+		t, err := abi.Read(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "gen:", err)
+			os.Exit(1)
+		}
+		base := strings.TrimSuffix(lib, ".so.1")
+		for name, b := range map[string][]byte{base + ".symbols": t.Manifest(), base + ".map": t.VersionScript()} {
+			if err := os.WriteFile(name, b, 0o644); err != nil {
+				fmt.Fprintln(os.Stderr, "gen:", err)
+				os.Exit(1)
+			}
+		}
+		fmt.Printf("%s: %d nodes, %d symbols\n", path, len(t.Nodes), len(t.Symbols))
+	}
+}
