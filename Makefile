@@ -43,6 +43,7 @@ build:
 	$(GO) build $(PKGS)
 	$(GO) build -buildmode=c-shared -o build/libdaplsoftrnic.so.2 ./dapl
 	@rm -f build/libdaplsoftrnic.so.h
+	$(GO) run ./verbs/mklib -o build/lib
 
 # The dat.conf entry names the interface and the daemon's control socket
 # (IFACE=, SOCKET= default /run/softrnic/IFACE.sock): without IFACE it is

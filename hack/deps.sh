@@ -20,6 +20,7 @@ declare -A test_pkgs=(
 	[sysctl]=procps   # topology.NewTunPeer, header kernel tests
 	[clang]=clang     # bpf: make generate, TestGeneratedUpToDate
 	[llvm-strip]=llvm # bpf: bpf2go strips DWARF from the object
+	[ibv_devinfo]=ibverbs-utils # verbs: Debian's own ibv_devinfo over our libibverbs
 )
 
 # file -> Debian package, for packages that bring no command
@@ -33,9 +34,12 @@ declare -A test_files=(
 )
 
 # What the build needs: the uDAPL provider (dapl/) compiles against the DAT
-# headers and links libdat2 (libdapl-dev brings both).
+# headers and links libdat2 (libdapl-dev brings both); verbs/ against
+# libibverbs' headers.
 declare -A build_files=(
 	[/usr/include/dat2/udat.h]=libdapl-dev
+	# the libibverbs replacement (verbs/) compiles against rdma-core's headers
+	[/usr/include/infiniband/verbs.h]=libibverbs-dev
 )
 
 apt_install() {

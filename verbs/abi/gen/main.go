@@ -30,5 +30,25 @@ func main() {
 			}
 		}
 		fmt.Printf("%s: %d nodes, %d symbols\n", path, len(t.Nodes), len(t.Symbols))
+		if lib == "libibverbs.so.1" {
+			if err := writeStubs(t, "../ibverbs", abi.VerbsHeader); err != nil {
+				fmt.Fprintln(os.Stderr, "gen:", err)
+				os.Exit(1)
+			}
+		}
 	}
+}
+
+// writeStubs writes dir/stubs.c: the symbols of t that dir's sources do
+// not define.
+func writeStubs(t *abi.Table, dir string, headers ...string) error {
+	defined, err := abi.Defined(dir)
+	if err != nil {
+		return err
+	}
+	kinds, err := abi.ReturnKinds(headers...)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(dir+"/stubs.c", t.Stubs(defined, kinds), 0o644)
 }

@@ -1,0 +1,161 @@
+/*
+ * The control protocol of softrnicd (package ctl), as much of it as this
+ * library speaks: a 16-octet header (magic "SR", version, op, flags,
+ * request id, status), then the op's body, every field in declaration
+ * order, big-endian, strings as a 16-bit length and the octets.
+ */
+#include "srn.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+enum {
+	CTL_MAGIC = 0x5352,
+	CTL_VERSION = 4, /* ctl.Version */
+	CTL_HEADER = 16,
+	CTL_MAX = 65536,
+	OP_HELLO = 1,
+	STATUS_SUCCESS = 0,
+};
+
+const char *srn_socket_path(void)
+{
+	const char *p = getenv("SOFTRNIC_SOCKET");
+	return p && *p ? p : "/run/softrnic/softrnic.sock";
+}
+
+/* A reader of a reply body that fails once anything is short. */
+struct rd {
+	const uint8_t *p, *end;
+	int bad;
+};
+
+static const uint8_t *take(struct rd *r, size_t n)
+{
+	if (r->bad || (size_t)(r->end - r->p) < n) {
+		r->bad = 1;
+		return NULL;
+	}
+	const uint8_t *p = r->p;
+	r->p += n;
+	return p;
+}
+
+static uint64_t be(struct rd *r, size_t n)
+{
+	const uint8_t *p = take(r, n);
+	uint64_t v = 0;
+	for (size_t i = 0; p && i < n; i++)
+		v = v << 8 | p[i];
+	return v;
+}
+
+static void str(struct rd *r, char *dst, size_t cap)
+{
+	size_t n = be(r, 2);
+	const uint8_t *p = take(r, n);
+	if (!p)
+		return;
+	if (n >= cap)
+		n = cap - 1;
+	memcpy(dst, p, n);
+	dst[n] = 0;
+}
+
+static void put16(uint8_t *b, uint16_t v) { b[0] = v >> 8; b[1] = v; }
+static void put32(uint8_t *b, uint32_t v) { put16(b, v >> 16); put16(b + 2, v); }
+
+int srn_hello(const char *client, struct srn_ia *ia)
+{
+	const char *path = srn_socket_path();
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		errno = ENAMETOOLONG;
+		return -1;
+	}
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		goto fail;
+
+	size_t cn = strlen(client);
+	if (cn > 256)
+		cn = 256;
+	uint8_t req[CTL_HEADER + 2 + 256];
+	memset(req, 0, CTL_HEADER);
+	put16(req, CTL_MAGIC);
+	put16(req + 2, CTL_VERSION);
+	put16(req + 4, OP_HELLO);
+	put32(req + 8, 1); /* request id */
+	put16(req + CTL_HEADER, cn);
+	memcpy(req + CTL_HEADER + 2, client, cn);
+	if (send(fd, req, CTL_HEADER + 2 + cn, MSG_NOSIGNAL) < 0)
+		goto fail;
+
+	uint8_t *buf = malloc(CTL_MAX);
+	if (!buf)
+		goto fail;
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(4 * sizeof(int))];
+	} oob;
+	struct iovec iov = {.iov_base = buf, .iov_len = CTL_MAX};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
+	ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	/* The region and the doorbell: not used yet. */
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int *fds = (int *)CMSG_DATA(c);
+		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+			close(fds[i]);
+	}
+	struct rd r = {.p = buf, .end = buf + (n > 0 ? n : 0)};
+	int err = EPROTO;
+	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != OP_HELLO) {
+		free(buf);
+		errno = n < 0 ? errno : EPROTO;
+		goto fail;
+	}
+	be(&r, 2); /* flags */
+	be(&r, 4); /* id */
+	if (be(&r, 4) != STATUS_SUCCESS) {
+		free(buf);
+		errno = ECONNREFUSED;
+		goto fail;
+	}
+	be(&r, 4); /* session */
+	str(&r, ia->name, sizeof(ia->name));
+	str(&r, ia->datapath, sizeof(ia->datapath));
+	str(&r, ia->address, sizeof(ia->address));
+	ia->max_ep = be(&r, 4);
+	ia->max_evd = be(&r, 4);
+	ia->max_evd_depth = be(&r, 4);
+	ia->max_lmr_size = be(&r, 8);
+	ia->max_private = be(&r, 2);
+	ia->max_sge = be(&r, 1);
+	ia->max_ird = be(&r, 2);
+	ia->max_ord = be(&r, 2);
+	ia->max_sq = be(&r, 4);
+	ia->max_rq = be(&r, 4);
+	str(&r, ia->version, sizeof(ia->version));
+	be(&r, 8); /* region size */
+	if (r.bad || r.p != r.end) {
+		free(buf);
+		errno = err;
+		goto fail;
+	}
+	free(buf);
+	return fd;
+fail:;
+	int e = errno;
+	close(fd);
+	errno = e;
+	return -1;
+}

@@ -1,0 +1,296 @@
+/*
+ * The device: one per daemon, softrnic0 (or $SOFTRNIC_VERBS_DEVICE), an
+ * iWARP RNIC on an Ethernet link, listed while softrnicd answers on its
+ * socket. Its attributes are the daemon's (ctl.IAAttr); what no daemon
+ * attribute says is given as an iWARP RNIC without the optional features
+ * has it: no SRQ, no atomics through verbs, no memory windows, one port.
+ */
+#include "srn.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+/* The library's one device, made by ibv_get_device_list. */
+struct srn_device {
+	struct ibv_device dev;
+	struct srn_ia ia;
+};
+
+/* The device's context: the verbs_context, whose ibv_context the
+ * application holds, sits right before it (verbs.h: verbs_get_ctx). */
+struct srn_context {
+	struct verbs_context vctx;
+	int session; /* the daemon socket */
+};
+
+static struct srn_context *to_ctx(struct ibv_context *c)
+{
+	return (struct srn_context *)verbs_get_ctx(c);
+}
+
+static const char *device_name(void)
+{
+	const char *n = getenv("SOFTRNIC_VERBS_DEVICE");
+	return n && *n && strlen(n) < IBV_SYSFS_NAME_MAX ? n : "softrnic0";
+}
+
+/* guid is the node GUID: "SR" and the IPv4 address of the daemon's
+ * interface; there is no NIC whose EUI-64 it could be. */
+static __be64 guid(const struct srn_ia *ia)
+{
+	struct in_addr a = {0};
+	inet_pton(AF_INET, ia->address, &a);
+	uint64_t g = (uint64_t)0x5352 << 48 | (uint64_t)ntohl(a.s_addr);
+	return htobe64(g);
+}
+
+EXPORT struct ibv_device **srn_get_device_list(int *num)
+{
+	struct srn_device *d = calloc(1, sizeof(*d));
+	struct ibv_device **list = calloc(2, sizeof(*list));
+	if (!d || !list) {
+		free(d);
+		free(list);
+		errno = ENOMEM;
+		return NULL;
+	}
+	int fd = srn_hello("libibverbs", &d->ia);
+	if (fd < 0) {
+		/* No daemon: no device, as with no RDMA NIC. */
+		free(d);
+		if (num)
+			*num = 0;
+		return list;
+	}
+	close(fd);
+	d->dev.node_type = IBV_NODE_RNIC;
+	d->dev.transport_type = IBV_TRANSPORT_IWARP;
+	snprintf(d->dev.name, sizeof(d->dev.name), "%s", device_name());
+	snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs-%s", device_name());
+	/* no sysfs: paths that lead nowhere, as ibv_read_sysfs_file says */
+	snprintf(d->dev.dev_path, sizeof(d->dev.dev_path), "softrnic:%s", srn_socket_path());
+	snprintf(d->dev.ibdev_path, sizeof(d->dev.ibdev_path), "softrnic:%s", srn_socket_path());
+	list[0] = &d->dev;
+	if (num)
+		*num = 1;
+	return list;
+}
+SYMVER_DEFAULT(srn_get_device_list, ibv_get_device_list, "IBVERBS_1.1");
+
+EXPORT void srn_free_device_list(struct ibv_device **list)
+{
+	if (!list)
+		return;
+	for (struct ibv_device **d = list; *d; d++)
+		free(*d); /* struct srn_device starts with its ibv_device */
+	free(list);
+}
+SYMVER_DEFAULT(srn_free_device_list, ibv_free_device_list, "IBVERBS_1.1");
+
+EXPORT const char *srn_get_device_name(struct ibv_device *dev)
+{
+	return dev ? dev->name : NULL;
+}
+SYMVER_DEFAULT(srn_get_device_name, ibv_get_device_name, "IBVERBS_1.1");
+
+EXPORT __be64 srn_get_device_guid(struct ibv_device *dev)
+{
+	return guid(&((struct srn_device *)dev)->ia);
+}
+SYMVER_DEFAULT(srn_get_device_guid, ibv_get_device_guid, "IBVERBS_1.1");
+
+/* The data path is not there yet: the context's operations fail. */
+static int no_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) { (void)cq; (void)n; (void)wc; return -1; }
+static int no_notify(struct ibv_cq *cq, int s) { (void)cq; (void)s; return EOPNOTSUPP; }
+static int no_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) { (void)qp; *bad = wr; return EOPNOTSUPP; }
+static int no_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) { (void)qp; *bad = wr; return EOPNOTSUPP; }
+static int no_post_srq(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) { (void)s; *bad = wr; return EOPNOTSUPP; }
+static struct ibv_mw *no_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t) { (void)pd; (void)t; errno = EOPNOTSUPP; return NULL; }
+static int no_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b) { (void)qp; (void)mw; (void)b; return EOPNOTSUPP; }
+static int no_dealloc_mw(struct ibv_mw *mw) { (void)mw; return EOPNOTSUPP; }
+
+static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
+
+EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
+{
+	if (!dev) {
+		errno = EINVAL;
+		return NULL;
+	}
+	struct srn_context *c = calloc(1, sizeof(*c));
+	if (!c) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	struct srn_ia ia;
+	c->session = srn_hello("libibverbs", &ia);
+	if (c->session < 0) {
+		int e = errno;
+		free(c);
+		errno = e == ENOENT || e == ECONNREFUSED ? ENODEV : e;
+		return NULL;
+	}
+	((struct srn_device *)dev)->ia = ia;
+	struct ibv_context *ctx = &c->vctx.context;
+	c->vctx.sz = sizeof(c->vctx);
+	c->vctx.query_port = query_port_op;
+	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+	ctx->device = dev;
+	ctx->cmd_fd = c->session;
+	/* Asynchronous events: none are made yet; the fd can be polled. */
+	ctx->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (ctx->async_fd < 0) {
+		int e = errno;
+		close(c->session);
+		free(c);
+		errno = e;
+		return NULL;
+	}
+	ctx->num_comp_vectors = 1;
+	pthread_mutex_init(&ctx->mutex, NULL);
+	ctx->ops.poll_cq = no_poll_cq;
+	ctx->ops.req_notify_cq = no_notify;
+	ctx->ops.post_send = no_post_send;
+	ctx->ops.post_recv = no_post_recv;
+	ctx->ops.post_srq_recv = no_post_srq;
+	ctx->ops.alloc_mw = no_alloc_mw;
+	ctx->ops.bind_mw = no_bind_mw;
+	ctx->ops.dealloc_mw = no_dealloc_mw;
+	return ctx;
+}
+SYMVER_DEFAULT(srn_open_device, ibv_open_device, "IBVERBS_1.1");
+
+EXPORT int srn_close_device(struct ibv_context *ctx)
+{
+	if (!ctx)
+		return EINVAL;
+	struct srn_context *c = to_ctx(ctx);
+	close(ctx->async_fd);
+	close(c->session);
+	pthread_mutex_destroy(&ctx->mutex);
+	free(c);
+	return 0;
+}
+SYMVER_DEFAULT(srn_close_device, ibv_close_device, "IBVERBS_1.1");
+
+static const struct srn_ia *ia_of(struct ibv_context *ctx)
+{
+	return &((struct srn_device *)ctx->device)->ia;
+}
+
+EXPORT int srn_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
+{
+	if (!ctx || !a)
+		return EINVAL;
+	const struct srn_ia *ia = ia_of(ctx);
+	memset(a, 0, sizeof(*a));
+	snprintf(a->fw_ver, sizeof(a->fw_ver), "%.40s %.15s", ia->version, ia->datapath);
+	a->node_guid = a->sys_image_guid = guid(ia);
+	a->max_mr_size = ia->max_lmr_size;
+	a->page_size_cap = (uint64_t)sysconf(_SC_PAGESIZE);
+	a->max_qp = ia->max_ep; /* objects per session, EPs among them */
+	a->max_qp_wr = ia->max_sq < ia->max_rq ? ia->max_sq : ia->max_rq;
+	a->max_sge = ia->max_sge;
+	a->max_sge_rd = 1;
+	a->max_cq = ia->max_evd;
+	a->max_cqe = ia->max_evd_depth;
+	a->max_mr = ia->max_ep;
+	a->max_pd = ia->max_ep;
+	a->max_qp_rd_atom = a->max_res_rd_atom = ia->max_ird;
+	a->max_qp_init_rd_atom = ia->max_ord;
+	a->atomic_cap = IBV_ATOMIC_NONE;
+	a->max_pkeys = 1;
+	a->phys_port_cnt = 1;
+	return 0;
+}
+SYMVER_DEFAULT(srn_query_device, ibv_query_device, "IBVERBS_1.1");
+
+/* An MTU of the verbs enumeration no larger than the interface's. */
+static enum ibv_mtu mtu(void)
+{
+	return IBV_MTU_1024; /* as siw reports: what MPA FPDUs carry on a 1500-octet link */
+}
+
+static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len)
+{
+	if (!ctx || !attr || port != 1)
+		return EINVAL;
+	struct ibv_port_attr a = {0};
+	a.state = IBV_PORT_ACTIVE;
+	a.max_mtu = a.active_mtu = mtu();
+	a.gid_tbl_len = 1;
+	a.max_msg_sz = (uint32_t)(ia_of(ctx)->max_lmr_size > UINT32_MAX ? UINT32_MAX : ia_of(ctx)->max_lmr_size);
+	a.pkey_tbl_len = 1;
+	a.active_width = 1;  /* 1X */
+	a.active_speed = 1;  /* not a link the verbs speeds describe */
+	a.phys_state = 5;    /* LinkUp */
+	a.link_layer = IBV_LINK_LAYER_ETHERNET;
+	memcpy(attr, &a, len < sizeof(a) ? len : sizeof(a));
+	return 0;
+}
+
+/* The exported ibv_query_port, for programs built before verbs_context
+ * had query_port: their struct ends at link_layer. */
+EXPORT int srn_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+{
+	return query_port_op(ctx, port, attr, offsetof(struct ibv_port_attr, flags));
+}
+SYMVER_DEFAULT(srn_query_port, ibv_query_port, "IBVERBS_1.1");
+
+/* The one GID: the interface's IPv4 address, IPv4-mapped, as iWARP
+ * addresses its peers by IP. */
+EXPORT int srn_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
+{
+	if (!ctx || !gid || port != 1 || index != 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct in_addr a = {0};
+	memset(gid, 0, sizeof(*gid));
+	if (inet_pton(AF_INET, ia_of(ctx)->address, &a) == 1) {
+		gid->raw[10] = gid->raw[11] = 0xff;
+		memcpy(&gid->raw[12], &a, 4);
+	}
+	return 0;
+}
+SYMVER_DEFAULT(srn_query_gid, ibv_query_gid, "IBVERBS_1.1");
+
+/* ibv_query_gid_type (IBVERBS_PRIVATE_34, which ibv_devinfo uses): what
+ * the kernel's sysfs says of an iWARP device's GIDs, "IB/RoCE v1" (0). */
+EXPORT int ibv_query_gid_type(struct ibv_context *ctx, uint8_t port, unsigned int index, int *type)
+{
+	if (!ctx || !type || port != 1 || index != 0)
+		return EINVAL;
+	*type = 0;
+	return 0;
+}
+
+EXPORT int srn_query_pkey(struct ibv_context *ctx, uint8_t port, int index, __be16 *pkey)
+{
+	if (!ctx || !pkey || port != 1 || index != 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	*pkey = htobe16(0xffff);
+	return 0;
+}
+SYMVER_DEFAULT(srn_query_pkey, ibv_query_pkey, "IBVERBS_1.1");
+
+/* There is no sysfs device: every read fails as for a missing file. */
+EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, size_t size)
+{
+	(void)dir; (void)file; (void)buf; (void)size;
+	errno = ENOENT;
+	return -1;
+}
+
+EXPORT const char *ibv_get_sysfs_path(void)
+{
+	return "/sys"; /* libibverbs' default; nothing of ours is there */
+}

@@ -1,0 +1,165 @@
+package verbs
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/internal/testenv"
+	"github.com/softrnic/softrnic/verbs/abi"
+)
+
+// build compiles the library for a test, or stops it.
+func build(t *testing.T) string {
+	t.Helper()
+	if _, err := os.Stat(abi.VerbsHeader); err != nil {
+		testenv.Unmet(t, "no %s (Debian's libibverbs-dev; hack/deps.sh build installs it)", abi.VerbsHeader)
+	}
+	if _, err := exec.LookPath("cc"); err != nil {
+		testenv.Unmet(t, "no C compiler")
+	}
+	dir := t.TempDir()
+	if err := Build(".", dir); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// The library's export table is Debian's libibverbs', node for node and
+// symbol for symbol: what the committed manifest holds, which
+// verbs/abi's tests hold to the installed library.
+func TestExportTableIsDebians(t *testing.T) {
+	dir := build(t)
+	got, err := abi.Read(filepath.Join(dir, "libibverbs.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile("abi/libibverbs.symbols")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := abi.ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := abi.Diff(want, got); len(d) > 0 {
+		t.Fatalf("export table:\n%s", strings.Join(d, "\n"))
+	}
+}
+
+// stubs.c is what make generate writes for the sources as they are: a
+// function implemented by hand and still stubbed would be defined twice
+// (the link fails), one dropped from the sources would be missing.
+func TestStubsUpToDate(t *testing.T) {
+	if _, err := os.Stat(abi.VerbsHeader); err != nil {
+		testenv.Unmet(t, "no %s (Debian's libibverbs-dev)", abi.VerbsHeader)
+	}
+	b, err := os.ReadFile("abi/libibverbs.symbols")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table, err := abi.ParseManifest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defined, err := abi.Defined("ibverbs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds, err := abi.ReturnKinds(abi.VerbsHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed, err := os.ReadFile("ibverbs/stubs.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(table.Stubs(defined, kinds), committed) {
+		t.Fatal("verbs/ibverbs/stubs.c is stale: run make generate")
+	}
+	// The hand-written sources define what ibv_devinfo calls.
+	for _, name := range []string{"ibv_get_device_list@@IBVERBS_1.1", "ibv_open_device@@IBVERBS_1.1", "ibv_query_device@@IBVERBS_1.1",
+		"ibv_query_port@@IBVERBS_1.1", "ibv_query_gid@@IBVERBS_1.1", "ibv_query_gid_type", "ibv_close_device@@IBVERBS_1.1"} {
+		if !defined[name] {
+			t.Errorf("%s is not defined by hand", name)
+		}
+	}
+}
+
+// Debian's own ibv_devinfo, unmodified, finds softrnic0 through the
+// library and prints the daemon's attributes; with no daemon it finds no
+// device, as on a host without an RDMA NIC.
+func TestIbvDevinfo(t *testing.T) {
+	devinfo := testenv.RequireTool(t, "ibv_devinfo")
+	if out, err := exec.Command("dpkg", "-V", "ibverbs-utils").CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("ibverbs-utils is not Debian's as installed: %v %s", err, out)
+	}
+	lib := build(t)
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	defer func() { srv.Close(); <-done }()
+	run := func(env []string, args ...string) (string, error) {
+		cmd := exec.Command(devinfo, args...)
+		cmd.Env = append(os.Environ(), append([]string{"LD_LIBRARY_PATH=" + lib}, env...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run([]string{"SOFTRNIC_SOCKET=" + sock})
+	if err != nil {
+		t.Fatalf("ibv_devinfo: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hca_id:\tsoftrnic0", "transport:\t\t\tiWARP (1)", "fw_ver:\t\t\t\tsoftrnicd/", "node_guid:\t\t\t5352:0000:7f00:0001",
+		"phys_port_cnt:\t\t\t1", "state:\t\t\tPORT_ACTIVE (4)", "link_layer:\t\tEthernet"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ibv_devinfo does not say %q:\n%s", want, out)
+		}
+	}
+	out, err = run([]string{"SOFTRNIC_SOCKET=" + sock, "SOFTRNIC_VERBS_DEVICE=rnic7"}, "-v")
+	if err != nil {
+		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hca_id:\trnic7", "max_qp_rd_atom:\t\t\t64", "atomic_cap:\t\t\tATOMIC_NONE (0)", "max_srq:\t\t\t0",
+		"GID[  0]:\t\t0000:0000:0000:0000:0000:ffff:7f00:0001"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ibv_devinfo -v does not say %q:\n%s", want, out)
+		}
+	}
+	out, err = run([]string{"SOFTRNIC_SOCKET=" + filepath.Join(t.TempDir(), "none.sock")})
+	if err == nil || !strings.Contains(out, "No IB devices found") {
+		t.Errorf("with no daemon: %v\n%s", err, out)
+	}
+}
+
+// The C side of the control protocol uses ctl's numbers.
+func TestCtlNumbers(t *testing.T) {
+	src, err := os.ReadFile("ibverbs/ctl.c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]int{"CTL_MAGIC": ctl.Magic, "CTL_VERSION": ctl.Version, "CTL_HEADER": ctl.HeaderLen,
+		"CTL_MAX": ctl.MaxMessage, "OP_HELLO": int(ctl.OpHello), "STATUS_SUCCESS": int(ctl.Success)} {
+		m := regexp.MustCompile(`\b` + name + `\s*=\s*([^,]+),`).FindSubmatch(src)
+		if m == nil {
+			t.Errorf("ctl.c has no %s", name)
+			continue
+		}
+		v, err := strconv.ParseInt(strings.TrimSpace(strings.Split(string(m[1]), "/*")[0]), 0, 64)
+		if err != nil || int(v) != want {
+			t.Errorf("ctl.c: %s = %s, ctl has %d", name, m[1], want)
+		}
+	}
+}
