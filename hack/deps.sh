@@ -40,6 +40,7 @@ declare -A build_files=(
 	[/usr/include/dat2/udat.h]=libdapl-dev
 	# the libibverbs replacement (verbs/) compiles against rdma-core's headers
 	[/usr/include/infiniband/verbs.h]=libibverbs-dev
+	[/usr/include/rdma/rdma_cma.h]=librdmacm-dev
 )
 
 apt_install() {

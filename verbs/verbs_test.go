@@ -21,8 +21,10 @@ import (
 // build compiles the library for a test, or stops it.
 func build(t *testing.T) string {
 	t.Helper()
-	if _, err := os.Stat(abi.VerbsHeader); err != nil {
-		testenv.Unmet(t, "no %s (Debian's libibverbs-dev; hack/deps.sh build installs it)", abi.VerbsHeader)
+	for _, h := range append([]string{abi.VerbsHeader}, abi.CMHeaders...) {
+		if _, err := os.Stat(h); err != nil {
+			testenv.Unmet(t, "no %s (Debian's libibverbs-dev and librdmacm-dev; hack/deps.sh build installs them)", h)
+		}
 	}
 	if _, err := exec.LookPath("cc"); err != nil {
 		testenv.Unmet(t, "no C compiler")
@@ -34,59 +36,73 @@ func build(t *testing.T) string {
 	return dir
 }
 
-// The library's export table is Debian's libibverbs', node for node and
-// symbol for symbol: what the committed manifest holds, which
-// verbs/abi's tests hold to the installed library.
-func TestExportTableIsDebians(t *testing.T) {
+// Each library's export table is Debian's, node for node and symbol for
+// symbol: what the committed manifest holds, which verbs/abi's tests hold
+// to the installed library.
+func TestExportTablesAreDebians(t *testing.T) {
 	dir := build(t)
-	got, err := abi.Read(filepath.Join(dir, "libibverbs.so.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile("abi/libibverbs.symbols")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := abi.ParseManifest(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d := abi.Diff(want, got); len(d) > 0 {
-		t.Fatalf("export table:\n%s", strings.Join(d, "\n"))
+	for lib := range Libraries {
+		got, err := abi.Read(filepath.Join(dir, lib))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile("abi/" + strings.TrimSuffix(lib, ".so.1") + ".symbols")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := abi.ParseManifest(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d := abi.Diff(want, got); len(d) > 0 {
+			t.Errorf("%s export table:\n%s", lib, strings.Join(d, "\n"))
+		}
 	}
 }
 
-// stubs.c is what make generate writes for the sources as they are: a
-// function implemented by hand and still stubbed would be defined twice
+// Each stubs.c is what make generate writes for the sources as they are:
+// a function implemented by hand and still stubbed would be defined twice
 // (the link fails), one dropped from the sources would be missing.
 func TestStubsUpToDate(t *testing.T) {
-	if _, err := os.Stat(abi.VerbsHeader); err != nil {
-		testenv.Unmet(t, "no %s (Debian's libibverbs-dev)", abi.VerbsHeader)
+	for lib, src := range Libraries {
+		headers, minusOne := []string{abi.VerbsHeader}, false
+		if lib == "librdmacm.so.1" {
+			headers, minusOne = abi.CMHeaders, true
+		}
+		for _, h := range headers {
+			if _, err := os.Stat(h); err != nil {
+				testenv.Unmet(t, "no %s (Debian's libibverbs-dev and librdmacm-dev)", h)
+			}
+		}
+		b, err := os.ReadFile("abi/" + strings.TrimSuffix(lib, ".so.1") + ".symbols")
+		if err != nil {
+			t.Fatal(err)
+		}
+		table, err := abi.ParseManifest(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defined, err := abi.Defined(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kinds, err := abi.ReturnKinds(headers...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		committed, err := os.ReadFile(src + "/stubs.c")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(table.Stubs(defined, kinds, minusOne), committed) {
+			t.Errorf("verbs/%s/stubs.c is stale: run make generate", src)
+		}
 	}
-	b, err := os.ReadFile("abi/libibverbs.symbols")
-	if err != nil {
-		t.Fatal(err)
-	}
-	table, err := abi.ParseManifest(b)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The hand-written sources define what ibv_devinfo calls.
 	defined, err := abi.Defined("ibverbs")
 	if err != nil {
 		t.Fatal(err)
 	}
-	kinds, err := abi.ReturnKinds(abi.VerbsHeader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	committed, err := os.ReadFile("ibverbs/stubs.c")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !bytes.Equal(table.Stubs(defined, kinds), committed) {
-		t.Fatal("verbs/ibverbs/stubs.c is stale: run make generate")
-	}
-	// The hand-written sources define what ibv_devinfo calls.
 	for _, name := range []string{"ibv_get_device_list@@IBVERBS_1.1", "ibv_open_device@@IBVERBS_1.1", "ibv_query_device@@IBVERBS_1.1",
 		"ibv_query_port@@IBVERBS_1.1", "ibv_query_gid@@IBVERBS_1.1", "ibv_query_gid_type", "ibv_close_device@@IBVERBS_1.1"} {
 		if !defined[name] {

@@ -30,18 +30,23 @@ func main() {
 			}
 		}
 		fmt.Printf("%s: %d nodes, %d symbols\n", path, len(t.Nodes), len(t.Symbols))
-		if lib == "libibverbs.so.1" {
-			if err := writeStubs(t, "../ibverbs", abi.VerbsHeader); err != nil {
-				fmt.Fprintln(os.Stderr, "gen:", err)
-				os.Exit(1)
-			}
+		var err2 error
+		switch lib {
+		case "libibverbs.so.1":
+			err2 = writeStubs(t, "../ibverbs", false, abi.VerbsHeader)
+		case "librdmacm.so.1":
+			err2 = writeStubs(t, "../rdmacm", true, abi.CMHeaders...)
+		}
+		if err2 != nil {
+			fmt.Fprintln(os.Stderr, "gen:", err2)
+			os.Exit(1)
 		}
 	}
 }
 
 // writeStubs writes dir/stubs.c: the symbols of t that dir's sources do
 // not define.
-func writeStubs(t *abi.Table, dir string, headers ...string) error {
+func writeStubs(t *abi.Table, dir string, minusOne bool, headers ...string) error {
 	defined, err := abi.Defined(dir)
 	if err != nil {
 		return err
@@ -50,5 +55,5 @@ func writeStubs(t *abi.Table, dir string, headers ...string) error {
 	if err != nil {
 		return err
 	}
-	return os.WriteFile(dir+"/stubs.c", t.Stubs(defined, kinds), 0o644)
+	return os.WriteFile(dir+"/stubs.c", t.Stubs(defined, kinds, minusOne), 0o644)
 }
