@@ -576,16 +576,20 @@ func (kc *kernelConn) transmit(bp *[]byte, rest []byte) {
 			kc.writeFailed(err)
 			break
 		}
-		kc.wrote(w)
 		if w < n {
 			// The socket is full: a transmit goroutine waits for room.
+			// It is counted before the report, which may run a held
+			// end and count the receive goroutine out: loops must not
+			// reach zero under a release waiting on it and then rise.
 			kc.loops.Add(1)
+			kc.wrote(w)
 			go func() {
 				defer kc.loops.Done()
 				kc.transmit(bp, (*bp)[w:n])
 			}()
 			return
 		}
+		kc.wrote(w)
 	}
 	ioBufs.Put(bp)
 }
