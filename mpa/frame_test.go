@@ -207,6 +207,13 @@ func TestNegotiation(t *testing.T) {
 		if _, err := (&Config{PeerToPeer: true, RTR: RTRRead}).Request(); err == nil {
 			t.Fatal("a Request offering only a Read RTR with ORD 0")
 		}
+		// A responder that takes only a Read RTR but has IRD 0 takes
+		// nothing: it refuses rather than name Read to a lenient
+		// initiator that would send it.
+		readOnly, _ := (&Config{PeerToPeer: true, RTR: RTRRead, IRD: 1, ORD: 1}).Request()
+		if _, _, err := (&Config{RTR: RTRRead, IRD: 0, ORD: 1}).Accept(&readOnly); !errors.Is(err, ddp.LLPNoMatchingRTR) {
+			t.Fatalf("Read-only responder with IRD 0: %v", err)
+		}
 		// A responder (not ours) that picks Read with IRD 0.
 		ini := Config{PeerToPeer: true, RTR: RTRRead, IRD: 1, ORD: 1}
 		if _, err := ini.Complete(&Frame{Reply: true, Revision: 2, Enhanced: true, IRD: 0, ORD: 1, PeerToPeer: true, RTR: RTRRead}); !errors.Is(err, ddp.LLPInsufficientIRD) {

@@ -164,9 +164,11 @@ func (c *Config) Accept(req *Frame) (Frame, Params, error) {
 		} else {
 			reply.RTR = c.answerable()
 			if reply.RTR == 0 {
-				// Only a Read accepted, with IRD 0: say read; the
-				// initiator cannot send it either way.
+				// Only a Read accepted, with IRD 0: nothing this
+				// responder can take. Refuse rather than let a
+				// lenient initiator send the Read anyway.
 				reply.RTR = c.rtr()
+				return reply, p, fmt.Errorf("mpa: no RTR message this responder can take: %v needs an IRD of 1 or more: %w", c.rtr(), ddp.LLPNoMatchingRTR)
 			}
 		}
 	}
