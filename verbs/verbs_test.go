@@ -179,3 +179,58 @@ func TestCtlNumbers(t *testing.T) {
 		}
 	}
 }
+
+// ctxProgram opens the device, frees the list (ibv_get_device_list(3)
+// allows it), and goes on with the context.
+const ctxProgram = `#include <infiniband/verbs.h>
+#include <stdio.h>
+int main(void) {
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list || n != 1) { printf("devices %d\n", n); return 1; }
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx) { perror("open"); return 1; }
+	ibv_free_device_list(list);
+	struct ibv_device_attr a;
+	struct ibv_port_attr p;
+	union ibv_gid g;
+	if (ibv_query_device(ctx, &a) || ibv_query_port(ctx, 1, &p) || ibv_query_gid(ctx, 1, 0, &g)) { perror("query"); return 1; }
+	printf("%s ports %d state %d max_qp %d gid %02x%02x\n", ibv_get_device_name(ctx->device), a.phys_port_cnt, p.state, a.max_qp, g.raw[10], g.raw[15]);
+	if (ibv_alloc_pd(ctx) != NULL || ibv_close_device(ctx)) { printf("alloc_pd or close\n"); return 1; }
+	return 0;
+}
+`
+
+// A context outlives the device list it was opened from (under the
+// address sanitizer where the compiler has it), and a call the library
+// does not implement fails with NULL instead of crashing.
+func TestContextOutlivesTheList(t *testing.T) {
+	lib := build(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "ctx.c")
+	if err := os.WriteFile(src, []byte(ctxProgram), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "ctx")
+	args := []string{"-o", bin, src, "-L" + lib, "-l:libibverbs.so.1"}
+	if err := exec.Command("cc", append([]string{"-fsanitize=address", "-g"}, args...)...).Run(); err != nil {
+		t.Logf("no address sanitizer here (%v): plain build", err)
+		if out, err := exec.Command("cc", args...).CombinedOutput(); err != nil {
+			t.Fatalf("cc: %v\n%s", err, out)
+		}
+	}
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	defer func() { srv.Close(); <-done }()
+	cmd := exec.Command(bin)
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.HasPrefix(string(out), "softrnic0 ports 1 state 4 max_qp 65536 gid ff01") {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+}

@@ -15,7 +15,12 @@ import (
 const VerbsHeader = "/usr/include/infiniband/verbs.h"
 
 // CMHeaders are librdmacm's headers (Debian's librdmacm-dev).
-var CMHeaders = []string{"/usr/include/rdma/rdma_cma.h", "/usr/include/rdma/rsocket.h"}
+var CMHeaders = []string{"/usr/include/rdma/rdma_cma.h", "/usr/include/rdma/rdma_verbs.h", "/usr/include/rdma/rsocket.h"}
+
+// privatePointers are the functions no installed header declares (the
+// private provider interface, rdma-core's driver.h) that return a
+// pointer; every other undeclared one returns an integer or nothing.
+var privatePointers = map[string]bool{"_verbs_init_and_alloc_context": true, "verbs_open_device": true}
 
 // Return is how a stub fails, by its function's return type.
 type Return int
@@ -96,8 +101,8 @@ func ReturnKinds(headers ...string) (map[string]Return, error) {
 // Stubs is the C source that defines every symbol of t the hand-written
 // sources do not (defined, as Defined gives): a function fails with
 // EOPNOTSUPP in the way its return type allows (kinds, from the headers;
-// a private function the headers do not declare is an ibv_cmd_* command,
-// which returns an errno value, or returns NULL), and data is zero. An
+// for a function they do not declare, an integer unless privatePointers
+// names it), and data is zero. An
 // integer is the errno value itself (libibverbs' convention) or, with
 // minusOne, -1 with errno set (librdmacm's and the rsocket calls').
 func (t *Table) Stubs(defined map[string]bool, kinds map[string]Return, minusOne bool) []byte {
@@ -125,9 +130,9 @@ func (t *Table) Stubs(defined map[string]bool, kinds map[string]Return, minusOne
 		} else {
 			kind, known := kinds[s.Name]
 			if !known {
-				kind = ReturnPtr
-				if strings.HasPrefix(s.Name, "ibv_cmd_") {
-					kind = ReturnInt
+				kind = ReturnInt
+				if privatePointers[s.Name] {
+					kind = ReturnPtr
 				}
 			}
 			switch kind {

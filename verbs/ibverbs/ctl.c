@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -81,6 +82,10 @@ int srn_hello(const char *client, struct srn_ia *ia)
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
+	/* A daemon that does not answer is no device, not a hang. */
+	struct timeval tmo = {.tv_sec = 10};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo));
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
 	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
 		goto fail;
 
@@ -105,9 +110,17 @@ int srn_hello(const char *client, struct srn_ia *ia)
 		struct cmsghdr h;
 		char b[CMSG_SPACE(4 * sizeof(int))];
 	} oob;
+	memset(&oob, 0, sizeof(oob));
 	struct iovec iov = {.iov_base = buf, .iov_len = CTL_MAX};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
-	ssize_t n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	ssize_t n;
+	do
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0) {
+		free(buf);
+		goto fail;
+	}
 	/* The region and the doorbell: not used yet. */
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
@@ -120,7 +133,7 @@ int srn_hello(const char *client, struct srn_ia *ia)
 	int err = EPROTO;
 	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != OP_HELLO) {
 		free(buf);
-		errno = n < 0 ? errno : EPROTO;
+		errno = EPROTO;
 		goto fail;
 	}
 	be(&r, 2); /* flags */

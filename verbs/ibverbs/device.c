@@ -16,17 +16,27 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-/* The library's one device, made by ibv_get_device_list. */
+/* The library's one device, made by ibv_get_device_list. The list holds
+ * a reference, and so does each context opened on it: an application may
+ * free the list and go on with its contexts (ibv_get_device_list(3)). */
 struct srn_device {
 	struct ibv_device dev;
-	struct srn_ia ia;
+	struct srn_ia ia; /* as the daemon said when the list was made */
+	int refs;         /* atomic */
 };
+
+static void device_put(struct srn_device *d)
+{
+	if (__atomic_sub_fetch(&d->refs, 1, __ATOMIC_ACQ_REL) == 0)
+		free(d);
+}
 
 /* The device's context: the verbs_context, whose ibv_context the
  * application holds, sits right before it (verbs.h: verbs_get_ctx). */
 struct srn_context {
 	struct verbs_context vctx;
-	int session; /* the daemon socket */
+	int session;       /* the daemon socket */
+	struct srn_ia ia;  /* as the daemon said when the context was opened */
 };
 
 static struct srn_context *to_ctx(struct ibv_context *c)
@@ -69,6 +79,7 @@ EXPORT struct ibv_device **srn_get_device_list(int *num)
 		return list;
 	}
 	close(fd);
+	d->refs = 1;
 	d->dev.node_type = IBV_NODE_RNIC;
 	d->dev.transport_type = IBV_TRANSPORT_IWARP;
 	snprintf(d->dev.name, sizeof(d->dev.name), "%s", device_name());
@@ -88,7 +99,7 @@ EXPORT void srn_free_device_list(struct ibv_device **list)
 	if (!list)
 		return;
 	for (struct ibv_device **d = list; *d; d++)
-		free(*d); /* struct srn_device starts with its ibv_device */
+		device_put((struct srn_device *)*d); /* it starts with its ibv_device */
 	free(list);
 }
 SYMVER_DEFAULT(srn_free_device_list, ibv_free_device_list, "IBVERBS_1.1");
@@ -128,15 +139,14 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		errno = ENOMEM;
 		return NULL;
 	}
-	struct srn_ia ia;
-	c->session = srn_hello("libibverbs", &ia);
+	c->session = srn_hello("libibverbs", &c->ia);
 	if (c->session < 0) {
 		int e = errno;
 		free(c);
 		errno = e == ENOENT || e == ECONNREFUSED ? ENODEV : e;
 		return NULL;
 	}
-	((struct srn_device *)dev)->ia = ia;
+	__atomic_add_fetch(&((struct srn_device *)dev)->refs, 1, __ATOMIC_ACQ_REL);
 	struct ibv_context *ctx = &c->vctx.context;
 	c->vctx.sz = sizeof(c->vctx);
 	c->vctx.query_port = query_port_op;
@@ -149,6 +159,7 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		int e = errno;
 		close(c->session);
 		free(c);
+		device_put((struct srn_device *)dev);
 		errno = e;
 		return NULL;
 	}
@@ -171,17 +182,19 @@ EXPORT int srn_close_device(struct ibv_context *ctx)
 	if (!ctx)
 		return EINVAL;
 	struct srn_context *c = to_ctx(ctx);
+	struct srn_device *d = (struct srn_device *)ctx->device;
 	close(ctx->async_fd);
 	close(c->session);
 	pthread_mutex_destroy(&ctx->mutex);
 	free(c);
+	device_put(d);
 	return 0;
 }
 SYMVER_DEFAULT(srn_close_device, ibv_close_device, "IBVERBS_1.1");
 
 static const struct srn_ia *ia_of(struct ibv_context *ctx)
 {
-	return &((struct srn_device *)ctx->device)->ia;
+	return &to_ctx(ctx)->ia;
 }
 
 EXPORT int srn_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
@@ -231,6 +244,9 @@ static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 	a.active_speed = 1;  /* not a link the verbs speeds describe */
 	a.phys_state = 5;    /* LinkUp */
 	a.link_layer = IBV_LINK_LAYER_ETHERNET;
+	/* a program built with a newer verbs.h passes a longer struct:
+	 * what this one does not know of is zero */
+	memset(attr, 0, len);
 	memcpy(attr, &a, len < sizeof(a) ? len : sizeof(a));
 	return 0;
 }
@@ -293,4 +309,10 @@ EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf, siz
 EXPORT const char *ibv_get_sysfs_path(void)
 {
 	return "/sys"; /* libibverbs' default; nothing of ours is there */
+}
+
+/* The device's index: there is one device. */
+EXPORT int ibv_get_device_index(struct ibv_device *dev)
+{
+	return dev ? 0 : -1;
 }

@@ -11,12 +11,12 @@
 #define EXPORT __attribute__((visibility("default")))
 #define SYMVER(impl, name, at) __asm__(".symver " #impl ", " #name at)
 
-EXPORT void *__ioctl_final_num_attrs(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *__verbs_log(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long __ioctl_final_num_attrs(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long __verbs_log(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long _ibv_query_gid_ex(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long _ibv_query_gid_table(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *_verbs_init_and_alloc_context(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *execute_ioctl(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long execute_ioctl(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void srn_stub_ibv_ack_async_event_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_ack_async_event_IBVERBS_1_0, ibv_ack_async_event, "@IBVERBS_1.0");
 EXPORT void srn_stub_ibv_ack_async_event_IBVERBS_1_1(void) {}
@@ -94,10 +94,10 @@ EXPORT long ibv_cmd_reg_mr(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long ibv_cmd_req_notify_cq(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long ibv_cmd_rereg_mr(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long ibv_cmd_resize_cq(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT void *ibv_copy_ah_attr_from_kern(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_copy_path_rec_from_kern(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_copy_path_rec_to_kern(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_copy_qp_attr_from_kern(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long ibv_copy_ah_attr_from_kern(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_copy_path_rec_from_kern(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_copy_path_rec_to_kern(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_copy_qp_attr_from_kern(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *srn_stub_ibv_create_ah_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_create_ah_IBVERBS_1_0, ibv_create_ah, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_create_ah_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
@@ -145,8 +145,8 @@ EXPORT long srn_stub_ibv_detach_mcast_IBVERBS_1_0(void) { errno = EOPNOTSUPP; re
 SYMVER(srn_stub_ibv_detach_mcast_IBVERBS_1_0, ibv_detach_mcast, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_detach_mcast_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_detach_mcast_IBVERBS_1_1, ibv_detach_mcast, "@@IBVERBS_1.1");
-EXPORT void *ibv_dofork_range(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_dontfork_range(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long ibv_dofork_range(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_dontfork_range(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long ibv_fork_init(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void srn_stub_ibv_free_device_list_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_free_device_list_IBVERBS_1_0, ibv_free_device_list, "@IBVERBS_1.0");
@@ -160,7 +160,6 @@ EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP; re
 SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_1, ibv_get_cq_event, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_get_device_guid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_device_guid_IBVERBS_1_0, ibv_get_device_guid, "@IBVERBS_1.0");
-EXPORT long ibv_get_device_index(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *srn_stub_ibv_get_device_list_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_get_device_list_IBVERBS_1_0, ibv_get_device_list, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_get_device_name_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
@@ -201,9 +200,9 @@ EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; retur
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_0, ibv_query_srq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_1, ibv_query_srq, "@@IBVERBS_1.1");
-EXPORT void *ibv_rate_to_mbps(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_rate_to_mult(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long ibv_rate_to_mbps(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_rate_to_mult(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *ibv_reg_dmabuf_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_reg_mr_IBVERBS_1_0, ibv_reg_mr, "@IBVERBS_1.0");
@@ -211,7 +210,7 @@ EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return 
 SYMVER(srn_stub_ibv_reg_mr_IBVERBS_1_1, ibv_reg_mr, "@@IBVERBS_1.1");
 EXPORT void *ibv_reg_mr_iova(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_reg_mr_iova2(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *srn_stub_ibv_register_driver_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long srn_stub_ibv_register_driver_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_register_driver_IBVERBS_1_1, ibv_register_driver, "@IBVERBS_1.1");
 EXPORT long ibv_rereg_mr(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long srn_stub_ibv_resize_cq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -223,11 +222,11 @@ EXPORT long ibv_set_ece(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void ibv_unimport_dm(void) {}
 EXPORT void ibv_unimport_mr(void) {}
 EXPORT void ibv_unimport_pd(void) {}
-EXPORT void *mbps_to_ibv_rate(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *mult_to_ibv_rate(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long mbps_to_ibv_rate(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long mult_to_ibv_rate(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT _Bool verbs_allow_disassociate_destroy; /* verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34 object */
-EXPORT void *verbs_init_cq(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long verbs_init_cq(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *verbs_open_device(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *verbs_register_driver_34(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *verbs_set_ops(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *verbs_uninit_context(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long verbs_register_driver_34(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long verbs_set_ops(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long verbs_uninit_context(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }

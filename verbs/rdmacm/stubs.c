@@ -24,13 +24,13 @@ EXPORT void *rdma_create_event_channel(void) { errno = EOPNOTSUPP; return NULL; 
 EXPORT long rdma_create_id(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_qp(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_qp_ex(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT void *rdma_create_srq(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *rdma_create_srq_ex(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT long rdma_create_srq(void) { errno = EOPNOTSUPP; return -1; }
+EXPORT long rdma_create_srq_ex(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void rdma_destroy_ep(void) {}
 EXPORT void rdma_destroy_event_channel(void) {}
 EXPORT long rdma_destroy_id(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void rdma_destroy_qp(void) {}
-EXPORT void *rdma_destroy_srq(void) { errno = EOPNOTSUPP; return NULL; }
+EXPORT void rdma_destroy_srq(void) {}
 EXPORT long rdma_disconnect(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_establish(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void rdma_free_devices(void) {}
