@@ -394,9 +394,12 @@ siw_shell_start() {
 # typed, so every marker CMD prints is written as two words: the echo
 # shows them quoted apart and never matches.
 siw_shell_run() {
-	printf '%s
-echo "IWGUEST: cmd" "rc=$?"; exit
-' "$1" >&"$SHFD"
+	# in a subshell that ignores SIGPIPE: a guest gone meanwhile fails
+	# the row, not this script
+	(
+		trap '' PIPE
+		printf '%s\necho "IWGUEST: cmd" "rc=$?"; exit\n' "$1" >&"$SHFD"
+	) 2> /dev/null || true
 }
 # siw_shell_end waits for the guest to power off.
 siw_shell_end() {
@@ -426,10 +429,16 @@ large_scenario() { # DATAPATH ROLE
 		wait_line "$work/$name.tcpdump" listening 10
 		if [ "$role" = siw-server ]; then net=(--hostfwd "$PORT:7174"); else net=(--guestfwd "10.0.2.100:7174-$PORT"); fi
 	fi
-	local t0=$SECONDS
-	siw_shell_start "$log" "${net[@]}" --timeout 900 || { ok=FAIL; note="the guest's shell did not start"; }
+	local t0=$SECONDS up=1
+	siw_shell_start "$log" "${net[@]}" --timeout 900 || { ok=FAIL up=0 note="the guest's shell did not start"; }
 	[ "$dp" = xdp ] && { xdp_daemon "$dlog" || ok=FAIL; }
-	if [ "$role" = siw-server ]; then
+	if [ "$up" = 0 ]; then
+		# nothing reads the console: typing into it would kill this
+		# script with SIGPIPE
+		kill "$SHPID" 2>/dev/null
+		wait "$SHPID" 2>/dev/null
+		exec {SHFD}>&-
+	elif [ "$role" = siw-server ]; then
 		siw_shell_run "rping -s -a 0.0.0.0 -p 7174 -V -C $LARGE_PINGS -S $LARGE_SIZE & p=\$!; until ss -Hltn 'sport = :7174' | grep -q .; do sleep 0.2; done; echo 'IWGUEST: rping' listening; wait \$p"
 		wait_line "$log" 'IWGUEST: rping listening' 120 || ok=FAIL
 		"${inns[@]}" timeout 700 "${ping[@]}" -c -a "$gaddr" -p "$gport" -C "$LARGE_PINGS" --socket "$sock" > "$plog" 2>&1 || ok=FAIL
@@ -439,7 +448,7 @@ large_scenario() { # DATAPATH ROLE
 		sleep 0.5
 		siw_shell_run "for i in \$(seq 60); do ping -c1 -W1 $peer >/dev/null 2>&1 && break; ip neigh show $peer | grep -q lladdr && break; sleep 1; done; rping -c -a $peer -p 7174 -V -C $LARGE_PINGS -S $LARGE_SIZE"
 	fi
-	siw_shell_end
+	[ "$up" = 1 ] && siw_shell_end
 	[ -n "$spid" ] && { wait "$spid" || ok=FAIL; }
 	[ "$dp" = xdp ] && xdp_stop
 	if ! grep -q 'IWGUEST: cmd rc=0' "$log"; then
