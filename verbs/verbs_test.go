@@ -197,6 +197,7 @@ int main(void) {
 	if (ibv_query_device(ctx, &a) || ibv_query_port(ctx, 1, &p) || ibv_query_gid(ctx, 1, 0, &g)) { perror("query"); return 1; }
 	printf("%s ports %d state %d max_qp %d gid %02x%02x\n", ibv_get_device_name(ctx->device), a.phys_port_cnt, p.state, a.max_qp, g.raw[10], g.raw[15]);
 	if (ibv_alloc_pd(ctx) != NULL || ibv_close_device(ctx)) { printf("alloc_pd or close\n"); return 1; }
+	if (ibv_fork_init() != 0 || ibv_is_fork_initialized() != IBV_FORK_UNNEEDED) { printf("fork\n"); return 1; }
 	return 0;
 }
 `

@@ -316,3 +316,30 @@ EXPORT int ibv_get_device_index(struct ibv_device *dev)
 {
 	return dev ? 0 : -1;
 }
+
+/*
+ * fork: nothing of the application's memory is shared with the daemon or
+ * pinned (registration is to reach memory with process_vm_readv and
+ * process_vm_writev, ../shared/notes/verbs.md), so a child needs no
+ * preparation: fork support is not needed, and asking for it succeeds.
+ */
+EXPORT int ibv_fork_init(void)
+{
+	return 0;
+}
+
+EXPORT enum ibv_fork_status ibv_is_fork_initialized(void)
+{
+	return IBV_FORK_UNNEEDED;
+}
+
+/* Ranges need no protection from fork either (see ibv_fork_init). */
+EXPORT int ibv_dontfork_range(void *base, size_t size)
+{
+	return 0;
+}
+
+EXPORT int ibv_dofork_range(void *base, size_t size)
+{
+	return 0;
+}

@@ -145,9 +145,6 @@ EXPORT long srn_stub_ibv_detach_mcast_IBVERBS_1_0(void) { errno = EOPNOTSUPP; re
 SYMVER(srn_stub_ibv_detach_mcast_IBVERBS_1_0, ibv_detach_mcast, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_detach_mcast_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_detach_mcast_IBVERBS_1_1, ibv_detach_mcast, "@@IBVERBS_1.1");
-EXPORT long ibv_dofork_range(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long ibv_dontfork_range(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long ibv_fork_init(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void srn_stub_ibv_free_device_list_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_free_device_list_IBVERBS_1_0, ibv_free_device_list, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -170,7 +167,6 @@ EXPORT void *ibv_import_dm(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_import_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_import_pd(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long ibv_init_ah_from_wc(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long ibv_is_fork_initialized(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long srn_stub_ibv_modify_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_modify_qp_IBVERBS_1_0, ibv_modify_qp, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_modify_qp_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
