@@ -18,6 +18,21 @@ import (
 	"github.com/softrnic/softrnic/verbs/abi"
 )
 
+// startDaemon runs a kernel-datapath softrnicd on loopback for the test
+// and returns its socket.
+func startDaemon(t *testing.T) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve() }()
+	t.Cleanup(func() { srv.Close(); <-done })
+	return sock
+}
+
 // build compiles the library for a test, or stops it.
 func build(t *testing.T) string {
 	t.Helper()
@@ -120,14 +135,7 @@ func TestIbvDevinfo(t *testing.T) {
 		t.Fatalf("ibverbs-utils is not Debian's as installed: %v %s", err, out)
 	}
 	lib := build(t)
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	defer func() { srv.Close(); <-done }()
+	sock := startDaemon(t)
 	run := func(env []string, args ...string) (string, error) {
 		cmd := exec.Command(devinfo, args...)
 		cmd.Env = append(os.Environ(), append([]string{"LD_LIBRARY_PATH=" + lib}, env...)...)
@@ -220,14 +228,7 @@ func TestContextOutlivesTheList(t *testing.T) {
 			t.Fatalf("cc: %v\n%s", err, out)
 		}
 	}
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve() }()
-	defer func() { srv.Close(); <-done }()
+	sock := startDaemon(t)
 	cmd := exec.Command(bin)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
 	out, err := cmd.CombinedOutput()
