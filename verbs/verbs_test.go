@@ -170,12 +170,25 @@ func TestIbvDevinfo(t *testing.T) {
 
 // The C side of the control protocol uses ctl's numbers.
 func TestCtlNumbers(t *testing.T) {
-	src, err := os.ReadFile("ibverbs/ctl.c")
+	c, err := os.ReadFile("ibverbs/ctl.c")
 	if err != nil {
 		t.Fatal(err)
 	}
+	h, err := os.ReadFile("ibverbs/srn.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := append(c, h...)
+	// status_errno in ctl.c maps the statuses by number.
+	for i, st := range []ctl.Status{ctl.Success, ctl.InvalidHandle, ctl.InvalidState, ctl.InvalidParameter, ctl.InsufficientResources,
+		ctl.InvalidAddress, ctl.ProtectionViolation, ctl.NotImplemented, ctl.ModelNotSupported, ctl.Timeout} {
+		if int(st) != i {
+			t.Errorf("ctl status %v is %d; ctl.c's status_errno has it as %d", st, st, i)
+		}
+	}
 	for name, want := range map[string]int{"CTL_MAGIC": ctl.Magic, "CTL_VERSION": ctl.Version, "CTL_HEADER": ctl.HeaderLen,
-		"CTL_MAX": ctl.MaxMessage, "OP_HELLO": int(ctl.OpHello), "STATUS_SUCCESS": int(ctl.Success)} {
+		"CTL_MAX": ctl.MaxMessage, "OP_HELLO": int(ctl.OpHello), "STATUS_SUCCESS": int(ctl.Success),
+		"SRN_OP_CREATE_PZ": int(ctl.OpCreatePZ), "SRN_OP_FREE_PZ": int(ctl.OpFreePZ)} {
 		m := regexp.MustCompile(`\b` + name + `\s*=\s*([^,]+),`).FindSubmatch(src)
 		if m == nil {
 			t.Errorf("ctl.c has no %s", name)
@@ -191,6 +204,7 @@ func TestCtlNumbers(t *testing.T) {
 // ctxProgram opens the device, frees the list (ibv_get_device_list(3)
 // allows it), and goes on with the context.
 const ctxProgram = `#include <infiniband/verbs.h>
+#include <errno.h>
 #include <stdio.h>
 int main(void) {
 	int n = 0;
@@ -204,15 +218,20 @@ int main(void) {
 	union ibv_gid g;
 	if (ibv_query_device(ctx, &a) || ibv_query_port(ctx, 1, &p) || ibv_query_gid(ctx, 1, 0, &g)) { perror("query"); return 1; }
 	printf("%s ports %d state %d max_qp %d gid %02x%02x\n", ibv_get_device_name(ctx->device), a.phys_port_cnt, p.state, a.max_qp, g.raw[10], g.raw[15]);
-	if (ibv_alloc_pd(ctx) != NULL || ibv_close_device(ctx)) { printf("alloc_pd or close\n"); return 1; }
+	struct ibv_pd *pd1 = ibv_alloc_pd(ctx), *pd2 = ibv_alloc_pd(ctx);
+	if (!pd1 || !pd2 || pd1->handle == 0 || pd1->handle == pd2->handle || pd1->context != ctx) { perror("alloc_pd"); return 1; }
+	if (ibv_dealloc_pd(pd1) || ibv_dealloc_pd(pd2)) { printf("dealloc_pd\n"); return 1; }
+	if (ibv_create_cq(ctx, 16, NULL, NULL, 0) != NULL || errno != EOPNOTSUPP) { printf("create_cq\n"); return 1; }
+	if (ibv_close_device(ctx)) { printf("close\n"); return 1; }
 	if (ibv_fork_init() != 0 || ibv_is_fork_initialized() != IBV_FORK_UNNEEDED) { printf("fork\n"); return 1; }
 	return 0;
 }
 `
 
 // A context outlives the device list it was opened from (under the
-// address sanitizer where the compiler has it), and a call the library
-// does not implement fails with NULL instead of crashing.
+// address sanitizer where the compiler has it); protection domains are
+// the daemon's, each its own; and a call the library does not implement
+// fails with NULL and EOPNOTSUPP instead of crashing.
 func TestContextOutlivesTheList(t *testing.T) {
 	lib := build(t)
 	dir := t.TempDir()

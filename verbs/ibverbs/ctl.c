@@ -7,6 +7,7 @@
 #include "srn.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -69,6 +70,97 @@ static void str(struct rd *r, char *dst, size_t cap)
 
 static void put16(uint8_t *b, uint16_t v) { b[0] = v >> 8; b[1] = v; }
 static void put32(uint8_t *b, uint32_t v) { put16(b, v >> 16); put16(b + 2, v); }
+
+/* The DAT status of a failed reply as an errno value. */
+static int status_errno(uint32_t st)
+{
+	switch (st) {
+	case 1: return EINVAL;  /* INVALID_HANDLE */
+	case 2: return EBUSY;   /* INVALID_STATE: in use */
+	case 3: return EINVAL;  /* INVALID_PARAMETER */
+	case 4: return ENOMEM;  /* INSUFFICIENT_RESOURCES */
+	case 5: return EADDRNOTAVAIL;
+	case 6: return EACCES;  /* PROTECTION_VIOLATION */
+	case 7: return EOPNOTSUPP;
+	case 8: return EOPNOTSUPP;
+	case 9: return ETIMEDOUT;
+	default: return EIO;
+	}
+}
+
+int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len, uint8_t *reply, size_t cap, size_t *got)
+{
+	if (len > CTL_MAX - CTL_HEADER)
+		return EINVAL;
+	uint8_t *msg = malloc(CTL_MAX);
+	if (!msg)
+		return ENOMEM;
+	pthread_mutex_lock(&s->mu);
+	uint32_t id = ++s->next_id;
+	memset(msg, 0, CTL_HEADER);
+	put16(msg, CTL_MAGIC);
+	put16(msg + 2, CTL_VERSION);
+	put16(msg + 4, op);
+	put32(msg + 8, id);
+	if (len)
+		memcpy(msg + CTL_HEADER, body, len);
+	int err = 0;
+	ssize_t n;
+	if (send(s->fd, msg, CTL_HEADER + len, MSG_NOSIGNAL) < 0) {
+		err = errno == EAGAIN ? ETIMEDOUT : ENODEV; /* the daemon is gone */
+		goto out;
+	}
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(4 * sizeof(int))];
+	} oob;
+	memset(&oob, 0, sizeof(oob));
+	struct iovec iov = {.iov_base = msg, .iov_len = CTL_MAX};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
+	do
+		n = recvmsg(s->fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0) {
+		err = n < 0 && errno == EAGAIN ? ETIMEDOUT : ENODEV;
+		goto out;
+	}
+	/* no op this library calls passes descriptors back yet */
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int *fds = (int *)CMSG_DATA(c);
+		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+			close(fds[i]);
+	}
+	struct rd r = {.p = msg, .end = msg + n};
+	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != op) {
+		err = EPROTO;
+		goto out;
+	}
+	be(&r, 2);
+	if (be(&r, 4) != id) {
+		err = EPROTO;
+		goto out;
+	}
+	uint32_t st = be(&r, 4);
+	if (st != STATUS_SUCCESS) {
+		err = status_errno(st);
+		goto out;
+	}
+	size_t rest = r.end - r.p;
+	if (rest > cap) {
+		err = EPROTO;
+		goto out;
+	}
+	if (rest)
+		memcpy(reply, r.p, rest);
+	if (got)
+		*got = rest;
+out:
+	pthread_mutex_unlock(&s->mu);
+	free(msg);
+	return err;
+}
 
 int srn_hello(const char *client, struct srn_ia *ia)
 {

@@ -35,13 +35,18 @@ static void device_put(struct srn_device *d)
  * application holds, sits right before it (verbs.h: verbs_get_ctx). */
 struct srn_context {
 	struct verbs_context vctx;
-	int session;       /* the daemon socket */
-	struct srn_ia ia;  /* as the daemon said when the context was opened */
+	struct srn_session sess; /* with the daemon */
+	struct srn_ia ia;        /* as the daemon said when the context was opened */
 };
 
 static struct srn_context *to_ctx(struct ibv_context *c)
 {
 	return (struct srn_context *)verbs_get_ctx(c);
+}
+
+struct srn_session *srn_session_of(struct ibv_context *c)
+{
+	return &to_ctx(c)->sess;
 }
 
 static const char *device_name(void)
@@ -139,8 +144,8 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		errno = ENOMEM;
 		return NULL;
 	}
-	c->session = srn_hello("libibverbs", &c->ia);
-	if (c->session < 0) {
+	c->sess.fd = srn_hello("libibverbs", &c->ia);
+	if (c->sess.fd < 0) {
 		int e = errno;
 		free(c);
 		errno = e == ENOENT || e == ECONNREFUSED ? ENODEV : e;
@@ -152,12 +157,15 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 	c->vctx.query_port = query_port_op;
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	ctx->device = dev;
-	ctx->cmd_fd = c->session;
+	ctx->cmd_fd = c->sess.fd;
+	c->sess.next_id = 1; /* the Hello's */
+	pthread_mutex_init(&c->sess.mu, NULL);
 	/* Asynchronous events: none are made yet; the fd can be polled. */
 	ctx->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (ctx->async_fd < 0) {
 		int e = errno;
-		close(c->session);
+		close(c->sess.fd);
+		pthread_mutex_destroy(&c->sess.mu);
 		free(c);
 		device_put((struct srn_device *)dev);
 		errno = e;
@@ -184,7 +192,8 @@ EXPORT int srn_close_device(struct ibv_context *ctx)
 	struct srn_context *c = to_ctx(ctx);
 	struct srn_device *d = (struct srn_device *)ctx->device;
 	close(ctx->async_fd);
-	close(c->session);
+	close(c->sess.fd);
+	pthread_mutex_destroy(&c->sess.mu);
 	pthread_mutex_destroy(&ctx->mutex);
 	free(c);
 	device_put(d);

@@ -13,6 +13,7 @@
 #define SRN_VERBS_H
 
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -43,5 +44,40 @@ struct srn_ia {
 int srn_hello(const char *client, struct srn_ia *ia);
 /* srn_socket_path is where srn_hello connects. */
 const char *srn_socket_path(void);
+
+/* A session with the daemon: its socket, one request at a time. */
+struct srn_session {
+	int fd;
+	pthread_mutex_t mu;
+	uint32_t next_id;
+};
+
+/*
+ * srn_call makes one request (op, with body) and reads the reply's body
+ * into reply (at most cap octets; its length in *got). It returns 0, or
+ * an errno value: the daemon's refusal mapped from its DAT status,
+ * ENODEV when the daemon has gone, ETIMEDOUT when it does not answer,
+ * EPROTO for a reply that is not one.
+ */
+int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len, uint8_t *reply, size_t cap, size_t *got);
+
+/* The session of a context this library opened. */
+struct srn_session *srn_session_of(struct ibv_context *ctx);
+
+/* Control operations (ctl.Op). */
+enum {
+	SRN_OP_CREATE_PZ = 3,
+	SRN_OP_FREE_PZ = 4,
+};
+
+/* Big-endian fields. */
+static inline void srn_put32(uint8_t *b, uint32_t v)
+{
+	b[0] = v >> 24; b[1] = v >> 16; b[2] = v >> 8; b[3] = v;
+}
+static inline uint32_t srn_get32(const uint8_t *b)
+{
+	return (uint32_t)b[0] << 24 | (uint32_t)b[1] << 16 | (uint32_t)b[2] << 8 | b[3];
+}
 
 #endif

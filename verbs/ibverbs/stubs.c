@@ -27,8 +27,6 @@ EXPORT void srn_stub_ibv_ack_cq_events_IBVERBS_1_1(void) {}
 SYMVER(srn_stub_ibv_ack_cq_events_IBVERBS_1_1, ibv_ack_cq_events, "@@IBVERBS_1.1");
 EXPORT void *srn_stub_ibv_alloc_pd_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_alloc_pd_IBVERBS_1_0, ibv_alloc_pd, "@IBVERBS_1.0");
-EXPORT void *srn_stub_ibv_alloc_pd_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
-SYMVER(srn_stub_ibv_alloc_pd_IBVERBS_1_1, ibv_alloc_pd, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_attach_mcast_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_attach_mcast_IBVERBS_1_0, ibv_attach_mcast, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_attach_mcast_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -118,8 +116,6 @@ EXPORT void *srn_stub_ibv_create_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; ret
 SYMVER(srn_stub_ibv_create_srq_IBVERBS_1_1, ibv_create_srq, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_dealloc_pd_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_dealloc_pd_IBVERBS_1_0, ibv_dealloc_pd, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_dealloc_pd_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_dealloc_pd_IBVERBS_1_1, ibv_dealloc_pd, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_dereg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_dereg_mr_IBVERBS_1_0, ibv_dereg_mr, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_dereg_mr_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
