@@ -73,8 +73,9 @@ check_capture() {
 	ours=$(tail -1 "$dump" | sed -n 's/.* \([0-9]*\) FPDUs, .*/\1/p')
 	fpdus=$("${TS[@]}" -r "$norm" -Y iwarp_mpa.fpdu 2>/dev/null | wc -l)
 	undissected=$("${TS[@]}" -r "$norm" -Y 'tcp.len > 0 && !iwarp_mpa' 2>/dev/null | wc -l)
-	good=$("${TS[@]}" -r "$norm" -V 2>/dev/null | grep -c '(Good CRC32')
-	bad=$("${TS[@]}" -r "$norm" -V 2>/dev/null | grep -c '(Bad CRC32')
+	"${TS[@]}" -r "$norm" -V > "${norm%.pcap}.txt" 2>/dev/null
+	good=$(grep -c '(Good CRC32' "${norm%.pcap}.txt")
+	bad=$(grep -c '(Bad CRC32' "${norm%.pcap}.txt")
 	raw=$("${TS[@]}" -r "$pcap" -Y 'tcp.len > 0 && !iwarp_mpa && !tcp.reassembled_in' 2>/dev/null | wc -l)
 	echo "ours $ours FPDUs ok; tshark $fpdus FPDUs, $undissected undissected, CRC good $good bad $bad (raw $raw)"
 	[ "$fpdus" -gt 0 ] && [ "$fpdus" = "$ours" ] && [ "$undissected" = 0 ] && [ "$bad" = 0 ] || return 1
@@ -110,9 +111,10 @@ check_large() {
 	ours=$(tail -1 "$dump" | sed -n 's/.* \([0-9]*\) FPDUs, .*/\1/p')
 	"${TS[@]}" -r "$norm" -c 20000 -w "$head" 2>/dev/null
 	undissected=$("${TS[@]}" -r "$head" -Y 'tcp.len > 0 && !iwarp_mpa' 2>/dev/null | wc -l)
-	good=$("${TS[@]}" -r "$head" -V 2>/dev/null | grep -c '(Good CRC32')
-	bad=$("${TS[@]}" -r "$head" -V 2>/dev/null | grep -c '(Bad CRC32')
-	rm -f "$norm" "$head"
+	"${TS[@]}" -r "$head" -V > "${head%.pcap}.txt" 2>/dev/null
+	good=$(grep -c '(Good CRC32' "${head%.pcap}.txt")
+	bad=$(grep -c '(Bad CRC32' "${head%.pcap}.txt")
+	rm -f "$norm" "$head" "${head%.pcap}.txt"
 	echo "ours $ours FPDUs ok, $(($(stat -c %s "$pcap") >> 20)) MiB; tshark on the first 20000 frames: $undissected undissected, CRC good $good bad $bad"
 	[ "${ours:-0}" -gt 0 ] && [ "$undissected" = 0 ] && [ "$bad" = 0 ] || return 1
 	if [ "$crc" = on ]; then [ "$good" -gt 0 ] || return 1; else [ "$good" = 0 ] || return 1; fi
