@@ -71,6 +71,39 @@ static void str(struct rd *r, char *dst, size_t cap)
 static void put16(uint8_t *b, uint16_t v) { b[0] = v >> 8; b[1] = v; }
 static void put32(uint8_t *b, uint32_t v) { put16(b, v >> 16); put16(b + 2, v); }
 
+/*
+ * recv_reply reads one reply into buf (CTL_MAX octets) and closes the
+ * descriptors it passes: no reply this library reads needs one yet (the
+ * Hello's doorbell and shared region are not mapped). A failed read
+ * leaves the control data unread: it is looked at only after success.
+ */
+static ssize_t recv_reply(int fd, uint8_t *buf)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(4 * sizeof(int))];
+	} oob;
+	memset(&oob, 0, sizeof(oob));
+	struct iovec iov = {.iov_base = buf, .iov_len = CTL_MAX};
+	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
+	ssize_t n;
+	do
+		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return n;
+	int e = errno;
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		int *fds = (int *)CMSG_DATA(c);
+		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
+			close(fds[i]);
+	}
+	errno = e;
+	return n;
+}
+
 /* The DAT status of a failed reply as an errno value. */
 static int status_errno(uint32_t st)
 {
@@ -110,27 +143,10 @@ int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len
 		err = errno == EAGAIN ? ETIMEDOUT : ENODEV; /* the daemon is gone */
 		goto out;
 	}
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(4 * sizeof(int))];
-	} oob;
-	memset(&oob, 0, sizeof(oob));
-	struct iovec iov = {.iov_base = msg, .iov_len = CTL_MAX};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
-	do
-		n = recvmsg(s->fd, &mh, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
+	n = recv_reply(s->fd, msg);
 	if (n <= 0) {
 		err = n < 0 && errno == EAGAIN ? ETIMEDOUT : ENODEV;
 		goto out;
-	}
-	/* no op this library calls passes descriptors back yet */
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		int *fds = (int *)CMSG_DATA(c);
-		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-			close(fds[i]);
 	}
 	struct rd r = {.p = msg, .end = msg + n};
 	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != op) {
@@ -198,28 +214,10 @@ int srn_hello(const char *client, struct srn_ia *ia)
 	uint8_t *buf = malloc(CTL_MAX);
 	if (!buf)
 		goto fail;
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(4 * sizeof(int))];
-	} oob;
-	memset(&oob, 0, sizeof(oob));
-	struct iovec iov = {.iov_base = buf, .iov_len = CTL_MAX};
-	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
-	ssize_t n;
-	do
-		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
-	while (n < 0 && errno == EINTR);
+	ssize_t n = recv_reply(fd, buf);
 	if (n < 0) {
 		free(buf);
 		goto fail;
-	}
-	/* The region and the doorbell: not used yet. */
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		int *fds = (int *)CMSG_DATA(c);
-		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-			close(fds[i]);
 	}
 	struct rd r = {.p = buf, .end = buf + (n > 0 ? n : 0)};
 	int err = EPROTO;
