@@ -2,8 +2,10 @@ package verbs
 
 import (
 	"bytes"
+	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,11 +13,13 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/verbs/abi"
+	"golang.org/x/sys/unix"
 )
 
 // startDaemon runs a kernel-datapath softrnicd on loopback for the test
@@ -253,5 +257,101 @@ func TestContextOutlivesTheList(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.HasPrefix(string(out), "softrnic0 ports 1 state 4 max_qp 65536 gid ff01") {
 		t.Fatalf("%v:\n%s", err, out)
+	}
+}
+
+// fakeDaemon listens on a control socket and answers every request with
+// what answer makes of it: a daemon that lies, or is not one.
+func fakeDaemon(t *testing.T, answer func(req []byte) (reply []byte, fds []int, hangUp bool)) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "fake.sock")
+	l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: sock, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		for {
+			c, err := l.AcceptUnix()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, ctl.MaxMessage)
+				n, err := c.Read(buf)
+				if err != nil {
+					return
+				}
+				reply, fds, hangUp := answer(buf[:n])
+				if hangUp {
+					return
+				}
+				var oob []byte
+				if len(fds) > 0 {
+					oob = unix.UnixRights(fds...)
+				}
+				_, _, _ = c.WriteMsgUnix(reply, oob, nil)
+				time.Sleep(100 * time.Millisecond)
+			}()
+		}
+	}()
+	return sock
+}
+
+// A daemon that lies, or is not one, is no device: ibv_get_device_list
+// finds none and nothing crashes, whatever the reply (a hang-up, a short
+// or foreign header, a refusal, a body cut short or too long, strings
+// claiming more than there is, descriptors passed by the dozen).
+func TestHostileDaemon(t *testing.T) {
+	devinfo := testenv.RequireTool(t, "ibv_devinfo")
+	lib := build(t)
+	hello := func(req []byte) []byte {
+		b, err := ctl.Marshal(ctl.Header{Op: ctl.OpHello, ID: 1}, &ctl.HelloReply{Session: 1, IA: ctl.IAAttr{Name: "lo", Address: "127.0.0.1"}, Region: 1 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	devnull, err := os.Open(os.DevNull)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer devnull.Close()
+	many := make([]int, 20)
+	for i := range many {
+		many[i] = int(devnull.Fd())
+	}
+	for _, c := range []struct {
+		name   string
+		answer func(req []byte) ([]byte, []int, bool)
+	}{
+		{"hang-up", func([]byte) ([]byte, []int, bool) { return nil, nil, true }},
+		{"short header", func([]byte) ([]byte, []int, bool) { return []byte("SR\x00"), nil, false }},
+		{"not the protocol", func([]byte) ([]byte, []int, bool) { return []byte("HTTP/1.1 400 Bad Request\r\n\r\n"), nil, false }},
+		{"other version", func(r []byte) ([]byte, []int, bool) { b := hello(r); b[3] = 9; return b, nil, false }},
+		{"refused", func([]byte) ([]byte, []int, bool) {
+			b, _ := ctl.Marshal(ctl.Header{Op: ctl.OpHello, ID: 1, Status: ctl.InsufficientResources}, &ctl.ErrorBody{Message: "no"})
+			return b, nil, false
+		}},
+		{"body cut short", func(r []byte) ([]byte, []int, bool) { b := hello(r); return b[:len(b)-5], nil, false }},
+		{"body too long", func(r []byte) ([]byte, []int, bool) { return append(hello(r), 1, 2, 3), nil, false }},
+		{"string past the end", func(r []byte) ([]byte, []int, bool) {
+			b := hello(r)
+			b[ctl.HeaderLen+4], b[ctl.HeaderLen+5] = 0xff, 0xff // the IA name's length
+			return b, nil, false
+		}},
+		{"twenty descriptors", func(r []byte) ([]byte, []int, bool) { b := hello(r); return b[:len(b)-1], many, false }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			sock := fakeDaemon(t, c.answer)
+			cmd := exec.Command(devinfo)
+			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
+			out, err := cmd.CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 255 || !strings.Contains(string(out), "No IB devices found") {
+				t.Fatalf("ibv_devinfo against a daemon that answers %s: %v\n%s", c.name, err, out)
+			}
+		})
 	}
 }
