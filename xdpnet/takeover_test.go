@@ -231,8 +231,14 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 		var state tcp.State
 		var cs tcp.ConnStats
 		_ = e.p.Do(func(*tcp.Stack, tcp.Time) { state, cs = c.State(), c.Stats })
-		t.Fatalf("round %d: the engine's connection did not end (sent %d recvd %d of %d/%d; %v, %+v; handover %+v)", r.n, ep.Sent, ep.Recvd,
-			r.totalB, r.totalA, state, cs, stats)
+		// What the poller and the steering program saw, and B's
+		// kernel: where the peer's segments went (CI saw the engine
+		// get none of them after a handover, twice, under load).
+		steer, serr := e.p.Steering().Stats()
+		counters, _ := tp.B.Counters()
+		t.Fatalf("round %d: the engine's connection did not end (sent %d recvd %d of %d/%d; %v, %+v; handover %+v)\npoller %+v\nsteering %+v %v\nB's kernel: TcpOutRsts %d TcpInSegs %d TcpExtTCPAbortOnData %d",
+			r.n, ep.Sent, ep.Recvd, r.totalB, r.totalA, state, cs, stats, e.p.Stats(), steer, serr,
+			counters["Tcp:OutRsts"], counters["Tcp:InSegs"], counters["TcpExt:TCPAbortOnData"])
 	}
 	if err := <-aRead; err != nil {
 		t.Fatalf("round %d: %v", r.n, err)
