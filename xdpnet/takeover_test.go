@@ -340,7 +340,7 @@ func TestTakeOver(t *testing.T) {
 }
 
 // checkWire reads the capture and returns what is wrong in it: per
-// connection, any RST from B, FINs from B at more than one sequence number
+// connection (by both ports), any RST from B, FINs from B at more than one sequence number
 // (the engine's, at the stream's end, is the only one there should be),
 // and B's TSval going back.
 func checkWire(t *testing.T, path string, rs []*round, b netip.Addr) (problems []string) {
@@ -367,9 +367,14 @@ func checkWire(t *testing.T, path string, rs []*round, b netip.Addr) (problems [
 		back                       string
 		segs                       int
 	}
-	byPort := map[uint16]*conn{}
+	// By both ports: where B dials out, its kernel may give two rounds
+	// the same ephemeral port (their 4-tuples differ by A's), and by
+	// B's port alone their segments were counted as one connection's
+	// (CI: "FINs from B at 2 sequence numbers" in two rounds at once).
+	type ports struct{ b, a uint16 }
+	byPorts := map[ports]*conn{}
 	for _, r := range rs {
-		byPort[r.local.Port()] = &conn{fins: map[uint32]bool{}, firstEngineTS: r.stats.TSVal}
+		byPorts[ports{r.local.Port(), r.remote.Port()}] = &conn{fins: map[uint32]bool{}, firstEngineTS: r.stats.TSVal}
 	}
 	for {
 		p, err := rd.Next()
@@ -394,7 +399,7 @@ func checkWire(t *testing.T, path string, rs []*round, b netip.Addr) (problems [
 		if len(seg) < header.TCPMinLen {
 			continue
 		}
-		c := byPort[seg.SrcPort()]
+		c := byPorts[ports{seg.SrcPort(), seg.DstPort()}]
 		if c == nil {
 			continue
 		}
@@ -443,7 +448,7 @@ func checkWire(t *testing.T, path string, rs []*round, b netip.Addr) (problems [
 		}
 	}
 	for _, r := range rs {
-		c := byPort[r.local.Port()]
+		c := byPorts[ports{r.local.Port(), r.remote.Port()}]
 		if c.segs == 0 {
 			problems = append(problems, fmt.Sprintf("round %d: no segment of B's in the capture", r.n))
 		}
