@@ -196,9 +196,7 @@ func TestKernelBatchEndingDuringATransmitRound(t *testing.T) {
 	defer s.Destroy()
 	defer c.Destroy()
 	dst, src := srv.mr(4096, qp.RemoteWrite|qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
-	c.mu.Lock()
-	kc := c.conn.(*kernelConn)
-	c.mu.Unlock()
+	kc := kernelConnOf(c)
 	var once sync.Once
 	hook := func(k *kernelConn) {
 		if k != kc {
@@ -236,9 +234,7 @@ func TestKernelPeerClosingAfterOurLastSend(t *testing.T) {
 	defer c.Destroy()
 	buf, src := srv.mr(4096, qp.LocalWrite), cli.mr(4096, qp.LocalWrite)
 	must(t, s.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: buf.STag, Addr: buf.Base, Length: 64}}}))
-	c.mu.Lock()
-	kc := c.conn.(*kernelConn)
-	c.mu.Unlock()
+	kc := kernelConnOf(c)
 	var once sync.Once
 	hook := func(k *kernelConn) {
 		if k != kc {
@@ -281,4 +277,11 @@ func TestKernelPeerClosingAfterOurLastSend(t *testing.T) {
 	if out[0].ID != 7 || out[0].Status != completion.Success || out[0].ByteLen != 12 {
 		t.Fatalf("the Send the peer received completed as %+v, want success with 12 octets", out[0])
 	}
+}
+
+// kernelConnOf is the kernel-datapath connection of the QP q.
+func kernelConnOf(q *QP) *kernelConn {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.conn.(*kernelConn)
 }
