@@ -20,9 +20,16 @@ func TestPairCarriesTCPAndHonoursOptions(t *testing.T) {
 		AddrB:  netip.MustParsePrefix("198.51.100.2/24"),
 	})
 
-	out, err := p.A.Command("ip", "-d", "link", "show", p.A.Link).CombinedOutput()
+	// Only ip's standard output is parsed: while it names the peer's
+	// namespace it asks the kernel about every named one, and a namespace
+	// another test is deleting at that moment makes it print "Peer netns
+	// reference is invalid" on its standard error.
+	show := p.A.Command("ip", "-d", "link", "show", p.A.Link)
+	var stderr bytes.Buffer
+	show.Stderr = &stderr
+	out, err := show.Output()
 	if err != nil {
-		t.Fatalf("ip link show: %v: %s", err, out)
+		t.Fatalf("ip link show: %v: %s%s", err, out, stderr.Bytes())
 	}
 	for _, want := range []string{"mtu 3000", "numtxqueues 2", "numrxqueues 2"} {
 		if !strings.Contains(string(out), want) {
