@@ -36,6 +36,14 @@ type Conn struct {
 	sndWS      uint8
 	writeShort bool // a Write came up short: report EventWritable
 
+	// otherMax, while otherMaxValid: an imported connection's bound on
+	// what the other TCP sent. It went on sending after its state was
+	// read (an ACK from its backlog, TCP small queues' tasklet, a loss
+	// probe), up to the end of the data it held, so the peer may
+	// acknowledge past SND.MAX as imported, up to here.
+	otherMax      Seq
+	otherMaxValid bool
+
 	// Receive sequence space.
 	irs     Seq
 	rcv     recvBuf

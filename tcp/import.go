@@ -60,7 +60,8 @@ var ErrImport = errors.New("tcp: import")
 // opened. The octets the other TCP had sent and not had acknowledged are
 // sent again at once, from SndUna (it may have lost them: the peer drops
 // what it already holds), as after a retransmission timeout but with the
-// window kept; Unread is offered to h first. A connection with the same
+// window kept; Unread is offered to h first. The other TCP may have sent
+// more of Send after SndNxt was read: the peer's ACK of it is taken. A connection with the same
 // addresses fails it with ErrPortInUse.
 func (s *Stack) Import(now Time, st Imported, h Handler) (*Conn, error) {
 	switch {
@@ -84,9 +85,14 @@ func (s *Stack) Import(now Time, st Imported, h Handler) (*Conn, error) {
 
 	// Send side: the buffer starts at SND.UNA, and SND.NXT goes back to
 	// it (go-back-N) while SND.MAX stays where the other TCP was, so
-	// that an ACK of anything it sent is acceptable.
+	// that an ACK of anything it sent is acceptable; and of what it may
+	// have sent after its state was read, up to the end of Send
+	// (otherMax).
 	c.iss = st.SndUna - 1
 	c.sndUna, c.sndNxt, c.sndMax = st.SndUna, st.SndUna, st.SndNxt
+	if end := st.SndUna.Add(len(st.Send)); st.SndNxt.LessThan(end) {
+		c.otherMax, c.otherMaxValid = end, true
+	}
 	c.snd.start = st.SndUna
 	c.snd.size = max(c.snd.size, len(st.Send))
 	if c.snd.write(st.Send) != len(st.Send) {

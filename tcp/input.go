@@ -138,6 +138,19 @@ func (c *Conn) input(now Time, seg *Segment) {
 	if c.rtoKind == timerPersist && c.sndMax == c.sndUna && seg.Ack == c.sndUna.Add(1) && c.snd.end().Sub(c.sndUna) > 0 {
 		c.sndNxt, c.sndMax = seg.Ack, seg.Ack
 	}
+	// What the other TCP of an imported connection sent after its
+	// state was read: the peer acknowledges octets we hold but never
+	// sent. They were sent (by it), up to the end of what it held.
+	if c.otherMaxValid {
+		if c.sndMax.LessThan(seg.Ack) && seg.Ack.LessEq(c.otherMax) {
+			c.sndMax = seg.Ack
+			c.sndNxt = maxSeq(c.sndNxt, seg.Ack)
+			c.recoverSeq = maxSeq(c.recoverSeq, seg.Ack)
+		}
+		if !c.sndMax.LessThan(c.otherMax) {
+			c.otherMaxValid = false
+		}
+	}
 	// RFC 5961 §5.2: the ACK must lie in [SND.UNA - MAX.SND.WND, SND.NXT].
 	if c.sndMax.LessThan(seg.Ack) {
 		c.sendAck()

@@ -160,8 +160,12 @@ func (c *Conn) sendData(now Time, b []byte) int {
 		}
 		// Sender SWS avoidance (RFC 9293 §3.8.6.2.1), without Nagle:
 		// a full segment, everything queued, half the largest window
-		// the peer offered, or nothing in flight to wait for.
-		if n < maxPayload && n < unsent && n < c.maxSndWnd/2 && c.flight() > 0 {
+		// the peer offered, or nothing in flight to wait for. It
+		// holds back new data only: octets below SND.MAX went out
+		// once already, and after an RTO (SND.NXT back at SND.UNA,
+		// while flight still counts to SND.MAX) holding them back
+		// would wait for an ACK that was lost, at every RTO, for ever.
+		if n < maxPayload && n < unsent && n < c.maxSndWnd/2 && c.flight() > 0 && c.sndNxt == c.sndMax {
 			return 0
 		}
 		if c.sndNxt.LessThan(c.sndMax) {

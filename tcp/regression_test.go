@@ -380,3 +380,94 @@ func TestFillAcrossRingWrap(t *testing.T) {
 		}
 	}
 }
+
+// The peer's window has room for less than a segment, the connection sent
+// that much (nothing was in flight), and the peer's ACK of it is lost: the
+// retransmission timer must send it again. Sender SWS avoidance, which
+// holds back a short segment of new data while octets are in flight,
+// held back the retransmission as well (flight counts to SND.MAX, and the
+// RTO had moved SND.NXT back to SND.UNA): the connection sent nothing
+// more, every RTO, for as long as the peer kept it (xdpnet/TestTakeOver
+// in CI: a small receive buffer, a lost window update, nine RTOs and the
+// peer's keepalives answered but no data).
+func TestRTORetransmitsShortSegment(t *testing.T) {
+	s, c, _, pseq := rvClient(t, Options{}, 10000)
+	c.Write(make([]byte, 20000))
+	out := rvDrain(s, 2)
+	sent := 0
+	for _, x := range out {
+		sent += x.n
+	}
+	if sent == 0 {
+		t.Fatal("nothing sent")
+	}
+	first := out[0].seq
+	// The peer takes everything and offers 300 octets more.
+	rvIn(s, 3, 40000, 80, pseq, first+Seq(sent), header.TCPFlagACK, 300, nil, nil)
+	out = rvDrain(s, 3)
+	if len(out) != 1 || out[0].n != 300 || out[0].seq != first+Seq(sent) {
+		t.Fatalf("into a 300-octet window with nothing in flight: %+v, want one segment of 300 at %d", out, first+Seq(sent))
+	}
+	short := out[0]
+	// Its ACK is lost: the RTO sends it again.
+	nt, ok := s.NextTimer()
+	if !ok {
+		t.Fatal("no retransmission timer")
+	}
+	s.Advance(nt)
+	out = rvDrain(s, nt)
+	if len(out) != 1 || out[0].seq != short.seq || out[0].n != 300 {
+		t.Fatalf("at the RTO (%+v): %+v, want the 300 octets at %d again", c.Stats, out, short.seq)
+	}
+}
+
+// The kernel went on sending after its state was read for a takeover (an
+// ACK from its backlog, TCP small queues' tasklet): the peer acknowledges
+// octets past SND.MAX as imported. They are octets the connection holds
+// (up to the end of Send), so the ACK is taken; past them it is not. Before,
+// every segment of the peer's was dropped for acknowledging what "was never
+// sent", its data with it, and the connection hung (xdpnet/TestTakeOver:
+// the kernel's last 3788 octets sent 10 ms into the handover, A's ACKs of
+// them answered with bare ACKs for two minutes).
+func TestImportTakesAnACKOfWhatTheKernelSentLate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ack  Seq
+		una  Seq // SND.UNA after it
+	}{
+		{"within what the kernel held", 1020, 1020},
+		{"past it", 1021, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := rvStack(t, Options{})
+			id := FourTuple{LocalAddr: rvLocal, RemoteAddr: rvRemote, LocalPort: 40000, RemotePort: 80}
+			h := &rvHandler{}
+			// 20 octets held, 10 of them sent as read; the peer's window
+			// holds only those 10.
+			st := Imported{ID: id, SndUna: 1000, SndNxt: 1010, Send: make([]byte, 20), RcvNxt: 5000,
+				SndWnd: 10, SndWl1: 4999, MaxSndWnd: 1000, PeerMSS: 1000, RcvWnd: 65535, RcvWup: 5000}
+			c, err := s.Import(0, st, h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rvDrain(s, 1)
+			if c.sndMax != 1010 {
+				t.Fatalf("SND.MAX %d after the import, want 1010 (the peer's window)", c.sndMax)
+			}
+			// The peer holds 1000..1020 (the kernel sent 1010..1020 late),
+			// and the peer's data comes with its ACK.
+			rvIn(s, 2, 40000, 80, 5000, tc.ack, header.TCPFlagACK, 1000, []byte("abcd"), nil)
+			rvDrain(s, 2)
+			if c.sndUna != tc.una {
+				t.Fatalf("SND.UNA %d after the peer's ACK of %d, want %d", c.sndUna, tc.ack, tc.una)
+			}
+			want := 4
+			if tc.una == 1000 {
+				want = 0 // an unacceptable ACK: the segment is dropped
+			}
+			if h.got != want {
+				t.Fatalf("%d octets of the peer's taken, want %d", h.got, want)
+			}
+		})
+	}
+}

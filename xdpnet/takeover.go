@@ -207,7 +207,10 @@ type TakeoverStats struct {
 // segments), then repair mode, the state read until two reads agree, the
 // kernel's connection dropped silently (no FIN, no RST, every descriptor
 // of it dead), tc closed, and only then the engine started, sending again
-// at once what the kernel had in flight. Until the drop, a failure leaves
+// at once what the kernel had in flight. Repair mode does not stop the
+// kernel sending: what it sends after the read (for an ACK from the
+// socket's backlog, from TCP small queues' tasklet) the engine learns from
+// the peer's ACKs (tcp.Stack.Import). Until the drop, a failure leaves
 // the connection to the kernel as it was: repair off without a window
 // probe, the steering removed. Connections that cannot be taken over
 // (repair.Check) are refused with repair.ErrRefused, and a process

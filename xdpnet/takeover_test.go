@@ -64,6 +64,25 @@ type round struct {
 	stats          xdpnet.TakeoverStats
 	local, remote  netip.AddrPort // B's side
 	bActive        bool
+	pcap           string // the capture on A's side, kept if the round fails
+}
+
+// keepCapture copies a failed round's capture to $SOFTRNIC_KEEP_PCAP, if
+// set, for a look at what went between A and the engine.
+func keepCapture(t *testing.T, path string) {
+	dst := os.Getenv("SOFTRNIC_KEEP_PCAP")
+	if dst == "" || path == "" {
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err == nil {
+		err = os.WriteFile(dst, data, 0o644)
+	}
+	if err != nil {
+		t.Logf("keeping the capture: %v", err)
+		return
+	}
+	t.Logf("capture kept in %s", dst)
 }
 
 // smallRcvBuf gives A's socket a small receive buffer, so that what B
@@ -216,6 +235,16 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 		t.Fatalf("round %d: take over: %v", r.n, err)
 	}
 	r.stats = stats
+	// B's application may have written its whole stream before the
+	// handover: then no Writable event ever comes for the endpoint to
+	// send its FIN on (CI saw the connection wait in CLOSE-WAIT with
+	// every octet sent). Pump on the poller, as Writable would.
+	_ = e.p.Do(func(*tcp.Stack, tcp.Time) {
+		if ep.Conn == nil {
+			ep.Conn = c
+		}
+		ep.Pump()
+	})
 	if dup != nil {
 		if _, err := unix.Write(int(dup.Fd()), []byte("late")); err == nil {
 			t.Errorf("round %d: the application's other descriptor still writes after the handover", r.n)
@@ -230,7 +259,10 @@ func runRound(t *testing.T, e *env, r *round, rng *rand.Rand) {
 	case <-time.After(2 * time.Minute):
 		var state tcp.State
 		var cs tcp.ConnStats
-		_ = e.p.Do(func(*tcp.Stack, tcp.Time) { state, cs = c.State(), c.Stats })
+		var diag string
+		_ = e.p.Do(func(_ *tcp.Stack, now tcp.Time) { state, cs, diag = c.State(), c.Stats, c.Diag(now) })
+		t.Logf("round %d: the engine's connection: %s", r.n, diag)
+		keepCapture(t, r.pcap)
 		// What the poller and the steering program saw, and B's
 		// kernel: where the peer's segments went (CI saw the engine
 		// get none of them after a handover, twice, under load).
@@ -304,7 +336,7 @@ func TestTakeOver(t *testing.T) {
 	var slowest time.Duration
 	var durations []time.Duration
 	for i := range rounds {
-		r := &round{n: i, bActive: i%2 == 0, totalA: uint64(64<<10 + rng.IntN(1<<20)), totalB: uint64(64<<10 + rng.IntN(1<<20))}
+		r := &round{n: i, bActive: i%2 == 0, pcap: pcapPath, totalA: uint64(64<<10 + rng.IntN(1<<20)), totalB: uint64(64<<10 + rng.IntN(1<<20))}
 		r.connect(t, tp, uint16(20000+i))
 		runRound(t, e, r, rng)
 		rs = append(rs, r)
