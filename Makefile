@@ -44,6 +44,7 @@ build:
 	$(GO) build -buildmode=c-shared -o build/libdaplsoftrnic.so.2 ./dapl
 	@rm -f build/libdaplsoftrnic.so.h
 	$(GO) run ./verbs/mklib -o build/lib
+	$(GO) build -o build/ ./cmd/softrnicd
 
 # The dat.conf entry names the interface and the daemon's control socket
 # (IFACE=, SOCKET= default /run/softrnic/IFACE.sock): without IFACE it is
@@ -110,6 +111,7 @@ corpus: fuzz
 bench:
 	bash hack/bench.sh
 	@if [ "$${DAPL_BENCH:-1}" != 0 ]; then bash hack/bench-dapl.sh; fi
+	@if [ "$${VERBS_BENCH:-1}" != 0 ]; then bash hack/bench-verbs.sh; fi
 
 # Codec throughput beside the bare CRC32c; the engine over loopback TCP
 # beside plain kernel TCP; the same through daemon and client; in one run.

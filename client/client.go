@@ -1,8 +1,9 @@
 // Package client attaches an application to softrnicd with DAT-style verbs:
 // an interface adapter (IA) per daemon, protection zones (PZ), local memory
-// regions (LMR) over shared memory the daemon maps, event dispatchers (EVD),
-// endpoints (EP), public and reserved service points (PSP, RSP) and
-// connection requests (CR).
+// regions (LMR) over shared memory the daemon maps or over any memory of the
+// process, which the daemon copies in and out (RegisterProcessMemory), event
+// dispatchers (EVD), endpoints (EP), public and reserved service points
+// (PSP, RSP) and connection requests (CR).
 //
 // Control verbs go over the daemon's Unix socket. The data path does not:
 // posting a work request writes a ring in shared memory, and completions
@@ -33,6 +34,8 @@ var (
 	ErrInvalidState          = &ctl.Error{Status: ctl.InvalidState}
 	ErrInvalidParameter      = &ctl.Error{Status: ctl.InvalidParameter}
 	ErrInsufficientResources = &ctl.Error{Status: ctl.InsufficientResources}
+	ErrInvalidAddress        = &ctl.Error{Status: ctl.InvalidAddress}
+	ErrProtectionViolation   = &ctl.Error{Status: ctl.ProtectionViolation}
 	ErrNotImplemented        = &ctl.Error{Status: ctl.NotImplemented}
 	ErrTimeout               = &ctl.Error{Status: ctl.Timeout}
 	// ErrQueueFull: the EP's ring has no free entry (a DAT
@@ -387,6 +390,34 @@ func (pz *PZ) RegisterMemory(addr uintptr, length int, access Access) (*LMR, err
 	l := &LMR{pz: pz, h: r.LMR, Context: r.STag, va: uint64(addr)}
 	l.mem.addr, l.mem.length = addr, uintptr(length)
 	return l, nil
+}
+
+// RegisterProcessMemory registers length octets of this process's own
+// memory at addr, which the daemon reaches through /proc/PID/mem
+// (internal/procmem): nothing moves, nothing is shared or pinned, so the
+// range may be any octets the process has (a field inside a heap object),
+// and after fork the child's pages are its own and the registration
+// stays the parent's. Each operation costs a copy between the process and
+// the daemon (RegisterMemory costs none per operation). The first and last
+// octet must be readable now, else the registration fails with
+// ErrInvalidAddress; memory that goes away later makes the operations on
+// it fail (a local protection error, or a Terminate for the peer's). The
+// daemon needs ptrace access to the process (the same uid and, under Yama,
+// prctl(PR_SET_PTRACER), or CAP_SYS_PTRACE), else ErrProtectionViolation.
+// The tagged offset of octet i is addr+i. Memory of the Go runtime must be
+// on the heap (a slice that escapes, never a variable the compiler may keep
+// on a goroutine's stack, which moves as the stack grows) and stay
+// referenced until Free.
+func (pz *PZ) RegisterProcessMemory(addr uintptr, length int, access Access) (*LMR, error) {
+	if length <= 0 {
+		return nil, fmt.Errorf("register process memory: %w: length %d", ErrInvalidParameter, length)
+	}
+	req := &ctl.RegisterProcessMemory{PZ: pz.h, VA: uint64(addr), Length: uint64(length), Access: uint8(access)}
+	var r ctl.RegisterLMRReply
+	if _, err := pz.ia.call(ctl.OpRegisterProcessMemory, req, nil, &r); err != nil {
+		return nil, fmt.Errorf("register process memory: %w", err)
+	}
+	return &LMR{pz: pz, h: r.LMR, Context: r.STag, va: uint64(addr)}, nil
 }
 
 // RegisterBytes is RegisterMemory of b.

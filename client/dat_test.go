@@ -448,6 +448,20 @@ func TestDaemonLogsConnectionsThePeerEnded(t *testing.T) {
 		!strings.Contains(lines[1], "reset") {
 		t.Fatalf("after the client's abrupt disconnect, want a Warn line naming the reset: %q", lines)
 	}
+	// An EP freed while connected is its consumer's abort (perftest's
+	// way out): the peer's side is a reset, this side nothing.
+	_, cep, _ = connectPair(t, server, cli, nil)
+	must(t, cep.Free())
+	wait(t, server.conn)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(ended()) < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond) // a line for the freed side would come now
+	lines = ended()
+	if len(lines) != 3 || !strings.Contains(lines[2], "reset") || strings.Contains(strings.Join(lines, "\n"), "aborted locally") {
+		t.Fatalf("after the client freed its connected EP, want one line, the server's reset: %q", lines)
+	}
 }
 
 // MPA attributes out of range are refused at CreateEP, before anything

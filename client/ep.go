@@ -111,6 +111,7 @@ type EP struct {
 	// queue, the ready queue of the EP's vector (ready).
 	slot  uint32
 	queue *readyQueue
+	qpn   uint32
 }
 
 // readyQueue is the client's end of a ready queue (internal/shm): where
@@ -177,7 +178,7 @@ func (ia *IA) CreateEP(a EPAttr) (*EP, error) {
 
 // dropRings forgets the EP's rings, whose blocks the daemon may give to
 // other rings; e.mu held.
-func (e *EP) dropRings() { e.sq, e.rq, e.queue = nil, nil, nil }
+func (e *EP) dropRings() { e.sq, e.rq, e.queue, e.qpn = nil, nil, nil, 0 }
 
 // attach finds the rings of an EP reply in the region, and its ready
 // queue, whose doorbell comes with the reply.
@@ -209,7 +210,29 @@ func (e *EP) attach(r *ctl.EPReply, files []*os.File) error {
 	if err != nil {
 		return err
 	}
-	e.sq, e.rq, e.slot, e.queue = sq, rq, r.Slot, q
+	e.sq, e.rq, e.slot, e.queue, e.qpn = sq, rq, r.Slot, q, r.QPN
+	return nil
+}
+
+// QPN is the number of the EP's QP, unique in its daemon (0 without a QP):
+// what a peer names it by in ConnectQP.
+func (e *EP) QPN() uint32 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.qpn
+}
+
+// ConnectQP connects the EP's QP to the peer's QP remoteQPN at the IPv4
+// address remoteAddr, the way InfiniBand programs do at RTR: the peer's
+// owner calls it with this EP's address and QPN, and the daemons decide
+// which side connects (ctl.ConnectQP). It returns at once; the EP's state
+// becomes CONNECTED, or DISCONNECTED when no connection came in the
+// daemon's time (15 s by default), with an event on the connect EVD if
+// it has one.
+func (e *EP) ConnectQP(remoteAddr string, remoteQPN uint32) error {
+	if _, err := e.ia.call(ctl.OpConnectQP, &ctl.ConnectQP{EP: e.h, RemoteAddr: remoteAddr, RemoteQPN: remoteQPN}, nil, &ctl.ConnectQPReply{}); err != nil {
+		return fmt.Errorf("connect QP: %w", err)
+	}
 	return nil
 }
 
@@ -296,10 +319,19 @@ func (e *EP) State() (EPState, error) {
 // the outcome arrives on the connect EVD (ESTABLISHED, PEER_REJECTED,
 // NON_PEER_REJECTED, UNREACHABLE or TIMED_OUT).
 func (e *EP) Connect(addr string, privateData []byte, timeout time.Duration) error {
-	if timeout <= 0 {
-		return fmt.Errorf("connect: %w: timeout %v", ErrInvalidParameter, timeout)
+	return e.ConnectRetrying(addr, privateData, timeout, 0)
+}
+
+// ConnectRetrying is Connect that, for the first retry of the timeout,
+// tries again (with backoff) while the peer's host refuses the connection
+// because nothing listens on the port yet, instead of failing at once: for
+// a peer that listens only after telling the client to connect.
+func (e *EP) ConnectRetrying(addr string, privateData []byte, timeout, retry time.Duration) error {
+	if timeout <= 0 || retry < 0 {
+		return fmt.Errorf("connect: %w: timeout %v, retry %v", ErrInvalidParameter, timeout, retry)
 	}
-	req := &ctl.Connect{EP: e.h, Addr: addr, PrivateData: privateData, TimeoutUS: uint64(max(timeout, connectTimeoutFloor) / time.Microsecond)}
+	req := &ctl.Connect{EP: e.h, Addr: addr, PrivateData: privateData, TimeoutUS: uint64(max(timeout, connectTimeoutFloor) / time.Microsecond),
+		RetryRefusedUS: uint64(retry / time.Microsecond)}
 	if _, err := e.ia.call(ctl.OpConnect, req, nil, nil); err != nil {
 		return fmt.Errorf("connect: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+	"unsafe"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/daemon"
@@ -168,4 +169,58 @@ func ExampleEP_PostRead() {
 	fmt.Printf("read %v: %q\n", ev.Status, cli.buf.Bytes[:19])
 	// Output:
 	// read success: "served by RDMA Read"
+}
+
+// record is application memory that was never allocated for RDMA: the
+// server registers one field of it where it is.
+type record struct {
+	seq  uint32
+	name [16]byte
+	tail uint32
+}
+
+var (
+	inbox  = &record{seq: 1, tail: 2}
+	outbox = []byte("from any memory!")
+)
+
+// Any octets of the application's memory can be registered where they are:
+// the daemon copies in and out of the process, and nothing is shared or
+// pinned (fork leaves the pages the process's own). Here the server lets a
+// 16-octet field of a record be written; the client writes it from an
+// ordinary slice.
+func ExamplePZ_RegisterProcessMemory() {
+	socket, stop := exampleDaemon()
+	defer stop()
+	addr := examplePort()
+	var port uint16
+	fmt.Sscanf(addr[len("127.0.0.1:"):], "%d", &port)
+	server := newEndpoint(socket)
+	defer server.close()
+	_, _ = server.ia.CreatePSP(port, server.requests, false)
+	spz, _ := server.ia.CreatePZ()
+	field, err := spz.RegisterProcessMemory(uintptr(unsafe.Pointer(&inbox.name)), len(inbox.name), client.LocalWrite|client.RemoteWrite)
+	if err != nil {
+		panic(err)
+	}
+
+	cli := newEndpoint(socket)
+	defer cli.close()
+	cpz, _ := cli.ia.CreatePZ()
+	from, _ := cpz.RegisterProcessMemory(uintptr(unsafe.Pointer(&outbox[0])), len(outbox), 0)
+	ep, _ := cli.ia.CreateEP(client.EPAttr{PZ: cpz, RecvEVD: cli.dto, RequestEVD: cli.dto, ConnectEVD: cli.conn, SQDepth: 4, RQDepth: 4})
+	_ = ep.Connect(addr, nil, 5*time.Second)
+	sep, _ := server.ia.CreateEP(client.EPAttr{PZ: spz, RecvEVD: server.dto, RequestEVD: server.dto, ConnectEVD: server.conn, SQDepth: 4, RQDepth: 4})
+	ev, _ := server.requests.Wait(server.waitCtx)
+	_ = ev.CR.Accept(sep, nil)
+	_, _ = cli.conn.Wait(cli.waitCtx)
+
+	_ = ep.PostWrite(1, []client.Segment{{LMR: from, Length: 16}}, client.RemoteBuffer{Context: field.Context, Address: field.Address(0)}, 0)
+	// The Send behind the Write arrives after the Write is placed.
+	_ = sep.PostRecv(2, nil)
+	_ = ep.PostSend(3, nil, 0)
+	ev, _ = server.dto.Wait(server.waitCtx)
+	fmt.Printf("receive %v; record: seq %d, name %q, tail %d\n", ev.Status, inbox.seq, inbox.name[:], inbox.tail)
+	// Output:
+	// receive success; record: seq 1, name "from any memory!", tail 2
 }

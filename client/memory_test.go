@@ -53,6 +53,11 @@ func TestRegisterOrdinaryMemory(t *testing.T) {
 	if ev := wait(t, server.recv); ev.Status != completion.Success || ev.Length != 16 {
 		t.Fatalf("receive: %+v", ev)
 	}
+	// The Send holds its LMR until it completes, which may be after the
+	// server has it: an LMR with work outstanding is refused Free.
+	if ev := wait(t, cli.req); ev.Status != completion.Success || ev.Cookie != 3 {
+		t.Fatalf("send: %+v", ev)
+	}
 	if !bytes.Equal(anon[page+5:page+5+len(piece)], piece) {
 		t.Fatal("the RDMA Write did not land in the registered anonymous memory")
 	}

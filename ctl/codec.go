@@ -22,10 +22,11 @@ import (
 	"reflect"
 )
 
-// Protocol constants.
+// Protocol constants. Version changes with any message's layout (the codec
+// has no optional fields): 6 added EPReply.QPN and ConnectQP.
 const (
 	Magic      = 0x5352 // "SR"
-	Version    = 4
+	Version    = 6
 	HeaderLen  = 16
 	MaxMessage = 64 << 10
 	// MaxBytes bounds one string or byte-slice field.

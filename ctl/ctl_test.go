@@ -12,6 +12,7 @@ func TestRoundTrip(t *testing.T) {
 		&Hello{Client: "test"},
 		&HelloReply{Session: 7, IA: IAAttr{Name: "veth0", Datapath: "kernel", Address: "192.0.2.1", MaxEP: 1, MaxSGE: 4}},
 		&RegisterLMR{PZ: 1, Offset: 4096, Length: 1 << 20, VA: 0x7f0000000000, Access: AccessRemoteWrite | AccessLocalWrite},
+		&RegisterProcessMemory{PZ: 1, VA: 0x7f0000000003, Length: 16, Access: AccessRemoteRead},
 		&CreateEP{Attr: EPAttr{PZ: 1, RecvEVD: 2, RequestEVD: 3, ConnectEVD: 4, SQDepth: 64, RQDepth: 64, IRD: 8, ORD: 8, PeerToPeer: true, RTR: 4}},
 		&EPInfo{State: 5, LocalAddr: "192.0.2.1:4791", PrivateData: []byte{1, 2, 3}, HasQP: true},
 		&Connect{EP: 9, Addr: "192.0.2.2:4791", PrivateData: make([]byte, 256), TimeoutUS: 1e6},
@@ -46,7 +47,7 @@ func TestRoundTrip(t *testing.T) {
 
 func TestHeaderVector(t *testing.T) {
 	b, _ := Marshal(Header{Op: OpConnect, Flags: 0, ID: 0x01020304, Status: Timeout}, &Handle{H: 5})
-	want := []byte{'S', 'R', 0, 4, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
+	want := []byte{'S', 'R', 0, Version, 0, byte(OpConnect), 0, 0, 1, 2, 3, 4, 0, 0, 0, byte(Timeout), 0, 0, 0, 5}
 	if !bytes.Equal(b, want) {
 		t.Fatalf("got %x\nwant %x", b, want)
 	}
@@ -73,11 +74,11 @@ func TestErrorIs(t *testing.T) {
 // FuzzDecode: any packet a client sends is decoded without panic into every
 // request type, and what decodes re-encodes identically.
 func FuzzDecode(f *testing.F) {
-	for _, body := range []any{&Hello{Client: "x"}, &Connect{EP: 1, Addr: "a:1"}, &CreateEP{}, &RegisterLMR{}} {
+	for _, body := range []any{&Hello{Client: "x"}, &Connect{EP: 1, Addr: "a:1"}, &CreateEP{}, &RegisterLMR{}, &RegisterProcessMemory{}} {
 		b, _ := Marshal(Header{Op: OpConnect, ID: 1}, body)
 		f.Add(b)
 	}
-	types := []any{Hello{}, Handle{}, RegisterLMR{}, CreateEVD{}, CreateEP{}, ModifyEP{}, Connect{}, Disconnect{},
+	types := []any{Hello{}, Handle{}, RegisterLMR{}, RegisterProcessMemory{}, CreateEVD{}, CreateEP{}, ModifyEP{}, Connect{}, Disconnect{},
 		CreatePSP{}, CreateRSP{}, AcceptCR{}, RejectCR{}, ErrorBody{}}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		h, body, err := ParseHeader(b)
@@ -98,4 +99,17 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 	})
+}
+
+// Op numbers are the protocol: a new op is appended, and its name is the
+// one in opNames at its number.
+func TestOpNumbers(t *testing.T) {
+	for op, want := range map[Op]uint16{OpHello: 1, OpRegisterLMR: 5, OpSocketConnect: 26, OpRegisterProcessMemory: 27} {
+		if uint16(op) != want {
+			t.Errorf("%v is %d, was %d", op, uint16(op), want)
+		}
+	}
+	if got := OpConnectQP.String(); got != "ConnectQP" || !OpConnectQP.Valid() || OpConnectQP != 28 || Op(29).Valid() {
+		t.Errorf("op 28 is %q (%d), valid %v; op 29 valid %v", got, OpConnectQP, OpConnectQP.Valid(), Op(29).Valid())
+	}
 }

@@ -40,13 +40,16 @@ const (
 	OpFreeSSP
 	OpQuerySSP
 	OpSocketConnect
+	OpRegisterProcessMemory
+	OpConnectQP
 	opEnd
 )
 
 var opNames = [...]string{"", "Hello", "QueryIA", "CreatePZ", "FreePZ", "RegisterLMR", "FreeLMR", "CreateEVD", "FreeEVD",
 	"CreateEP", "ModifyEP", "QueryEP", "FreeEP", "Connect", "Disconnect", "ResetEP", "CreatePSP", "FreePSP", "CreateRSP",
 	"QueryCR", "AcceptCR", "RejectCR", "Stats",
-	"CreateSSP", "FreeSSP", "QuerySSP", "SocketConnect"}
+	"CreateSSP", "FreeSSP", "QuerySSP", "SocketConnect", "RegisterProcessMemory",
+	"ConnectQP"}
 
 func (o Op) String() string {
 	if o > 0 && o < opEnd {
@@ -163,6 +166,19 @@ type RegisterLMR struct {
 	Access uint8
 }
 
+// RegisterProcessMemory registers the octets [VA, VA+Length) of the
+// session's own process, which the daemon reaches through /proc/PID/mem
+// (internal/procmem): nothing is shared, nothing pinned, so any range will
+// do (a field inside a heap object) and fork leaves the pages the
+// process's own. The tagged offset of octet i is VA+i. The reply is a
+// RegisterLMRReply; FreeLMR frees it as any LMR.
+type RegisterProcessMemory struct {
+	PZ     uint32
+	VA     uint64
+	Length uint64
+	Access uint8
+}
+
 // RegisterLMRReply gives the LMR handle and its STag (the RMR context a
 // peer uses).
 type RegisterLMRReply struct {
@@ -233,6 +249,10 @@ type EPReply struct {
 	Queue              uint32 // the completion vector
 	QueueOffset        uint32
 	QueueEntries       uint32
+	// QPN is the QP's number, unique in the daemon: what a verbs
+	// program gives its peer to name the QP by (ConnectQP), and
+	// ibv_qp.qp_num. 0 without a QP.
+	QPN uint32
 }
 
 // ModifyEP changes attributes; Mask says which (EPModify*).
@@ -267,6 +287,14 @@ type Connect struct {
 	Addr        string // host:port
 	PrivateData []byte
 	TimeoutUS   uint64
+	// RetryRefusedUS: while this much of the timeout has not passed, a
+	// connection the peer's host refuses (no listener on the port yet)
+	// is tried again, with backoff, instead of failing at once. The
+	// RDMA-CM's programs need it: perftest's server listens for its
+	// test connection only after the exchange that lets the client
+	// connect, and Debian's perftest crashes on the retry it makes
+	// itself. 0: refused is the outcome at once.
+	RetryRefusedUS uint64
 }
 
 // Disconnect closes a connection.
@@ -323,6 +351,35 @@ type SocketConnect struct {
 	EP          uint32
 	PrivateData []byte
 	TimeoutUS   uint64
+}
+
+// ConnectQP connects EP's QP the InfiniBand way: its owner learnt the
+// peer's address and QP number out of band (a verbs program's own TCP
+// exchange, then ibv_modify_qp to RTR with the peer's GID or LID and QP
+// number) and the peer's owner does the same with this QP's. Of the two
+// (address, QPN) pairs the lower connects, to the peer daemon's
+// IB-connection port, with the QPNs in the MPA Request's private data;
+// the higher waits for that connection (daemon/ibconn.go). The reply comes
+// at once; the outcome is the EP's state (CONNECTED, or DISCONNECTED when
+// no connection came within the daemon's bound), published in its send
+// ring, and a connection event on its connect EVD if it has one.
+type ConnectQP struct {
+	EP uint32
+	// RemoteAddr is the peer's IPv4 address; "" takes it from RemoteLID.
+	RemoteAddr string
+	// RemoteLID, without RemoteAddr: the low 16 bits of the peer's IPv4
+	// address, the rest this host's (a LID names a port within one
+	// subnet; ibv_query_port reports this device's so).
+	RemoteLID uint16
+	RemoteQPN uint32
+}
+
+// ConnectQPReply says which side this QP is.
+type ConnectQPReply struct {
+	Active bool
+	// Peer is where the active side connects: the peer's address and
+	// IB-connection port.
+	Peer string
 }
 
 // CRInfo is what QueryCR returns.

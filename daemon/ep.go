@@ -61,6 +61,9 @@ type ep struct {
 	// cancelConnect stops the EP's last connect if it still runs (the
 	// session ends, the QP goes); s.mu.
 	cancelConnect context.CancelFunc
+	// ib is the EP's wait for an InfiniBand-style connection while it
+	// is the passive side of one (ibconn.go); s.mu.
+	ib *expectation
 }
 
 // setState changes the EP's state and publishes it in its send ring's
@@ -100,6 +103,9 @@ type pendingEvent struct {
 	// ssp: the SSP's outcome, req or sspErr.
 	ssp    *ssp
 	sspErr error
+	// ib: with connectErr, the expectation that ran out (ibconn.go);
+	// void if the EP no longer holds it.
+	ib *expectation
 }
 
 func (s *session) queue(pe pendingEvent) {
@@ -146,6 +152,9 @@ func (s *session) createEP(a *ctl.EPAttr, _ any) (any, []*os.File, error) {
 
 func (s *session) epReply(e *ep) *ctl.EPReply {
 	r := &ctl.EPReply{EP: e.h, HasRings: e.sq != nil}
+	if e.qp != nil {
+		r.QPN = e.qp.QPN()
+	}
 	if e.sq != nil {
 		r.SQEntries, r.RQEntries = e.sq.Entries(), e.rq.Entries()
 		r.SQOffset, r.RQOffset, r.Slot = e.sqOff, e.rqOff, e.slot
@@ -282,6 +291,7 @@ func (s *session) unconfigureEP(e *ep) {
 		e.cancelConnect()
 		e.cancelConnect = nil
 	}
+	s.forgetIB(e)
 	if e.sq != nil {
 		// The queue's owner finds the slot empty, and e detached if it
 		// had it already: it takes nothing more from the rings.
@@ -375,6 +385,9 @@ func (s *session) connect(req *ctl.Connect) error {
 	case st != ctl.EPUnconnected:
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(st))
+	case e.ib != nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "connect EP %d, which waits for an InfiniBand-style connection", e.h)
 	case e.qp == nil:
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h)
@@ -415,11 +428,28 @@ func (s *session) connect(req *ctl.Connect) error {
 		startErr = err
 		started <- err
 	}
+	retry := time.Duration(req.RetryRefusedUS) * time.Microsecond
 	go func() {
 		defer cancel()
-		_, err := q.Connect(ctx, ap.String(), rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer, Started: onStart})
-		if err != nil && !errors.Is(startErr, rnic.ErrResources) {
-			s.queue(pendingEvent{ep: e, connectErr: err})
+		opts := rnic.ConnectOptions{PrivateData: pdata, Timeout: timeout, Dialer: dialer, Started: onStart}
+		begun, backoff := time.Now(), 5*time.Millisecond
+		for {
+			_, err := q.Connect(ctx, ap.String(), opts)
+			if err != nil && errors.Is(err, rnic.ErrRefused) && time.Since(begun)+backoff < min(retry, timeout) {
+				// Nobody listens yet: the peer may be about to.
+				select {
+				case <-ctx.Done():
+				case <-time.After(backoff):
+					backoff = min(2*backoff, 100*time.Millisecond)
+					opts.Started = nil // answered by the first attempt
+					opts.Timeout = timeout - time.Since(begun)
+					continue
+				}
+			}
+			if err != nil && !errors.Is(startErr, rnic.ErrResources) {
+				s.queue(pendingEvent{ep: e, connectErr: err})
+			}
+			return
 		}
 	}()
 	select {
@@ -477,7 +507,9 @@ func (s *session) disconnect(req *ctl.Disconnect) error {
 	case ctl.EPDisconnected:
 		// digest 003: a no-op.
 	case ctl.EPUnconnected:
-		// digest 003 §2: the way to flush pre-posted receives.
+		// digest 003 §2: the way to flush pre-posted receives; an
+		// InfiniBand-style connection waited for is given up.
+		s.forgetIB(e)
 		if e.qp != nil {
 			e.flushing = true
 			e.qp.Disconnect(false)
@@ -502,6 +534,7 @@ func (s *session) resetEP(h uint32) error {
 	}
 	switch e.state {
 	case ctl.EPUnconnected:
+		s.forgetIB(e) // an InfiniBand-style connection waited for is given up
 		return nil
 	case ctl.EPDisconnected:
 		if e.qp != nil {
@@ -673,6 +706,9 @@ func (s *session) acceptCR(req *ctl.AcceptCR) error {
 		st := target.state
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "accept on an EP in %s", ctl.EPStateName(st))
+	case target.ib != nil:
+		s.mu.Unlock()
+		return fail(ctl.InvalidState, "accept on EP %d, which waits for an InfiniBand-style connection", target.h)
 	case target.qp == nil:
 		s.mu.Unlock()
 		return fail(ctl.InvalidState, "EP %d has no PZ, so no QP: set one with ModifyEP", target.h)

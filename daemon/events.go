@@ -156,6 +156,12 @@ func (s *session) apply(pe *pendingEvent) {
 		if s.objects[e.h] != e {
 			return
 		}
+		if pe.ib != nil {
+			if e.ib != pe.ib {
+				return // an expectation the EP let go of, or that was met
+			}
+			e.ib = nil
+		}
 		e.setState(ctl.EPDisconnected)
 		if errors.Is(pe.connectErr, rnic.ErrResources) {
 			// Ran short after the connect was answered (a local
@@ -212,7 +218,8 @@ func (s *session) applyConnEvent(e *ep, ev *rnic.ConnEvent) {
 		if ev.Kind == rnic.Broken && e.state != ctl.EPDisconnectPending && !peerReset(ev.Err) {
 			ev2 = ctl.EvBroken
 		}
-		if e.state == ctl.EPConnected {
+		if e.state == ctl.EPConnected && !e.freeing {
+			// (Freeing a connected EP is its consumer's abort.)
 			s.logEnded(e, ev)
 		}
 		e.setState(ctl.EPDisconnected)

@@ -3,7 +3,10 @@
 // socket (package ctl), with work requests and events in shared-memory
 // rings (package internal/shm).
 //
-// Goroutines: the Server's accept loop; per session, a control loop that
+// Goroutines: the Server's accept loop; the accept loop of its
+// IB-connection port, which matches the connections of QPs connected the
+// InfiniBand way to the QPs waiting for them (ibconn.go, which has its
+// goroutines and lock); per session, a control loop that
 // reads requests and answers them in order, an event loop (events.go) that
 // applies connection events and sees to what the data path hands it, and a
 // doorbell reader for the client's "room in an event ring" wake-ups. The
@@ -26,7 +29,11 @@
 // session.mu, then an EP's ringMu, then an EVD's ringMu or any QP's. One
 // watchdog goroutine per Server looks at the xdp pollers and the sessions'
 // event loops once a second and logs the stacks of all goroutines when one
-// has had work without progress for 5 s (stall.go).
+// has had work without progress for 5 s (stall.go). A session that
+// registered process memory (RegisterProcessMemory) has one more, which
+// waits on the runtime's poller for its process's pidfd and marks the
+// memory dead when the process exits (internal/procmem); the session's end
+// stops it.
 package daemon
 
 import (
@@ -78,6 +85,19 @@ type Options struct {
 	// sch_netem.
 	Impair string
 	Logger *slog.Logger
+	// IBConnPort is the TCP port on which the daemon takes the
+	// connections of QPs connected the InfiniBand way (ctl.ConnectQP,
+	// ibconn.go), and to which it connects them on the peer's host: one
+	// port for all the daemons of a network. 0: DefaultIBConnPort; -1:
+	// none (ConnectQP is refused).
+	IBConnPort int
+	// IBConnTimeout bounds an InfiniBand-style connection's setup from
+	// its RTR: the passive side's wait for the peer's connection, the
+	// active side's tries (default DefaultIBConnTimeout).
+	IBConnTimeout time.Duration
+	// IBConnParkTimeout bounds how long a connection request waits for
+	// the RTR of the QP it names (default DefaultIBConnParkTimeout).
+	IBConnParkTimeout time.Duration
 	// StallAfter is how long a loop (an xdp poller, a session's poll
 	// loop) may have work without making progress before the watchdog
 	// logs it as stalled and counts it (default 5 s).
@@ -104,6 +124,8 @@ type Server struct {
 	addr netip.Addr
 	dev  *rnic.Device
 	ln   *net.UnixListener
+	// ib takes InfiniBand-style connections (ibconn.go); nil when off.
+	ib *ibListener
 	// watch finds stalled loops, trim gives memory back after a wave of
 	// connections (trim.go); they run from New to Close.
 	watch *watchdog
@@ -233,7 +255,8 @@ func New(opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
 	s.watch = startWatchdog(s.log, opts.StallAfter, dev.Pollers())
 	s.trim = startTrimmer(s.log)
-	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket)
+	s.ib = s.startIB()
+	s.log.Info("softrnicd ready", "iface", opts.Iface, "addr", addr, "datapath", opts.Datapath, "pollers", opts.Pollers, "socket", opts.Socket, "ib_port", s.ib.portOrNone())
 	return s, nil
 }
 
@@ -382,6 +405,7 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	_ = os.Remove(s.opts.Socket) // before Serve can return
 	err := s.ln.Close()
+	s.ib.close()
 	// Connections end gracefully (FIN, not RST) when they can, within a
 	// bound; then the sessions end and free everything.
 	deadline := time.Now().Add(shutdownGrace)

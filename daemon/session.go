@@ -14,6 +14,7 @@ import (
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/fdpass"
+	"github.com/softrnic/softrnic/internal/procmem"
 	"github.com/softrnic/softrnic/internal/shm"
 	"github.com/softrnic/softrnic/internal/shrink"
 	"github.com/softrnic/softrnic/qp"
@@ -46,8 +47,13 @@ type session struct {
 	// objectsMost is objects' high-water mark (shrink).
 	objectsMost int
 	next        uint32
-	// mapped is the LMR memory the daemon maps for the session (s.mu).
+	// mapped is the LMR memory the daemon maps for the session (s.mu):
+	// memfd ranges, and the shadows of process memory.
 	mapped uint64
+	// proc is the memory of the session's process, which its
+	// RegisterProcessMemory regions are, opened at the first (s.mu);
+	// closed once they are freed at the session's end.
+	proc *procmem.Process
 	// held are the EPs and EVDs handed to the session that it still
 	// holds, produced the EVDs it produced into this step; loop-owned.
 	held     []any
@@ -236,6 +242,9 @@ var handlers = [...]handler{
 	ctl.OpFreeSSP:       queryHandle((*session).freeSSP),
 	ctl.OpQuerySSP:      queryHandle((*session).querySSP),
 	ctl.OpSocketConnect: decoded((*session).socketConnect),
+
+	ctl.OpRegisterProcessMemory: reply((*session).registerProcessMemory),
+	ctl.OpConnectQP:             reply((*session).connectQP),
 }
 
 // handle serves one request by its op's handler.
@@ -361,6 +370,9 @@ type pz struct {
 	refs int
 }
 
+// lmr is a registered region: a range of a memfd the client passed, which
+// mapping maps, or a range of the client's process memory, which mapping
+// shadows (registerProcessMemory).
 type lmr struct {
 	h       uint32
 	pz      *pz
@@ -424,6 +436,13 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 		_ = shm.Unmap(m)
 		return nil, nil, fail(ctl.InvalidParameter, "%v", err)
 	}
+	return s.addLMR(p, mr, m)
+}
+
+// addLMR makes a registered region with its mapping (the memfd's pages, or
+// a process-backed region's shadow) an LMR of the session; s.mu held. On
+// failure the region is deregistered and the mapping unmapped.
+func (s *session) addLMR(p *pz, mr *rnic.MR, m []byte) (any, []*os.File, error) {
 	l := &lmr{pz: p, mr: mr, mapping: m}
 	h, err := s.add(l)
 	if err != nil {
@@ -435,6 +454,98 @@ func (s *session) registerLMR(req *ctl.RegisterLMR, fds []*os.File) (any, []*os.
 	p.refs++
 	s.mapped += uint64(len(m))
 	return &ctl.RegisterLMRReply{LMR: h, STag: mr.STag}, nil, nil
+}
+
+// registerProcessMemory registers [VA, VA+Length) of the session's own
+// process (the PID SO_PEERCRED gave, in the daemon's PID namespace), which
+// the engine reaches through its /proc/PID/mem (internal/procmem):
+// nothing is shared or pinned, so the range may be any octets the process
+// has, and its pages stay its own across fork. The engine works on a shadow
+// of the range, anonymous memory that costs only where data passes through
+// it (qp.MR.Proc), mapped and counted as an LMR's mapping is and unmapped
+// with it. The first and the last octet must be readable now; every access
+// is checked again, and once the process has exited (the session's socket
+// may outlive it in a fork child) the memory is dead: nothing is ever read
+// or written under a PID the kernel may have given to another process.
+func (s *session) registerProcessMemory(req *ctl.RegisterProcessMemory) (any, []*os.File, error) {
+	if req.Length == 0 || req.Length > maxLMR || req.VA+req.Length < req.VA {
+		return nil, nil, fail(ctl.InvalidParameter, "process memory at %#x, length %d", req.VA, req.Length)
+	}
+	if req.Access&^0xf != 0 {
+		return nil, nil, fail(ctl.InvalidParameter, "access bits %#x", req.Access)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := get[*pz](s, req.PZ, "PZ")
+	if err != nil {
+		return nil, nil, err
+	}
+	page := uint64(os.Getpagesize())
+	skip := req.VA % page
+	size := (skip + req.Length + page - 1) / page * page
+	if s.mapped+size > maxMapped {
+		return nil, nil, fail(ctl.InsufficientResources, "LMRs of %d octets mapped for the session, %d more asked, at most %d",
+			s.mapped, size, maxMapped)
+	}
+	proc, err := s.process()
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := proc.Probe(req.VA, req.Length); err != nil {
+		return nil, nil, processMemoryError(proc.Pid(), req.VA, req.Length, err)
+	}
+	// The shadow has the pages' offsets of the range, as an LMR's
+	// mapping has (registerLMR).
+	m, err := shm.MapAnon(int(size))
+	if err != nil {
+		return nil, nil, resources("mapping the shadow of process memory", err)
+	}
+	mr, err := s.srv.dev.RegisterProcessMR(p.pd, m[skip:skip+req.Length], proc, req.VA, qp.Access(req.Access))
+	if err != nil {
+		_ = shm.Unmap(m)
+		return nil, nil, fail(ctl.InvalidParameter, "%v", err)
+	}
+	return s.addLMR(p, mr, m)
+}
+
+// process is the memory of the session's process, opened (a pidfd, and
+// a goroutine that waits on it) at the first registration; s.mu held.
+func (s *session) process() (*procmem.Process, error) {
+	if s.proc != nil {
+		return s.proc, nil
+	}
+	p, err := procmem.OpenOwned(int(s.cred.Pid), &procmem.Owner{UID: s.cred.Uid, GID: s.cred.Gid})
+	switch {
+	case errors.Is(err, unix.ESRCH), errors.Is(err, unix.EINVAL):
+		// Gone, or not in the daemon's PID namespace (SO_PEERCRED
+		// gives 0 then): the session's process memory is dead.
+		return nil, fail(ctl.InvalidAddress, "process %d of the session cannot be reached: %v", s.cred.Pid, err)
+	case errors.Is(err, procmem.ErrNotOwner):
+		return nil, fail(ctl.ProtectionViolation, "process %d is not the plain process of user %d the session connected as: %v", s.cred.Pid, s.cred.Uid, err)
+	case err != nil:
+		return nil, resources("opening the session's process", err)
+	}
+	s.proc = p
+	return p, nil
+}
+
+// processMemoryError is the reply to a registration whose range the
+// daemon cannot read in the process now: an address the process does not
+// have (or a process that is gone, whose memory is no address at all) is
+// INVALID_ADDRESS, naming it; a process the daemon may not access at all
+// is a PROTECTION_VIOLATION, naming the remedy.
+func processMemoryError(pid int, va, length uint64, err error) error {
+	at, cause := va, err
+	var ae *procmem.AccessError
+	if errors.As(err, &ae) {
+		at, cause = ae.Addr, ae.Err
+	}
+	if errors.Is(err, unix.EPERM) {
+		return fail(ctl.ProtectionViolation, "softrnicd may not access the memory of process %d (it needs ptrace access: "+
+			"the same uid and prctl(PR_SET_PTRACER) under Yama, or CAP_SYS_PTRACE): %v", pid, cause)
+	}
+	return fail(ctl.InvalidAddress, "the octet at %#x of process %d is not readable (registering %d octets at %#x): %v",
+		at, pid, length, va, cause)
 }
 
 // evd is an event dispatcher: a ring in shared memory the poller produces
@@ -826,6 +937,11 @@ func (s *session) close() {
 				s.forget(h)
 			}
 		}
+	}
+	if s.proc != nil {
+		// After the LMRs: one still held (logged above) finds the
+		// memory dead rather than touching it.
+		_ = s.proc.Close()
 	}
 	s.conn.Close()
 	if err := s.region.Close(); err != nil {

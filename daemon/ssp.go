@@ -262,6 +262,8 @@ func (s *session) socketConnect(req *ctl.SocketConnect, fds []*os.File) (any, []
 	switch st := e.state; {
 	case st != ctl.EPUnconnected:
 		return refuse(fail(ctl.InvalidState, "connect an EP in %s", ctl.EPStateName(st)))
+	case e.ib != nil:
+		return refuse(fail(ctl.InvalidState, "connect EP %d, which waits for an InfiniBand-style connection", e.h))
 	case e.qp == nil:
 		return refuse(fail(ctl.InvalidState, "EP %d has no PZ, so no QP", e.h))
 	case e.conn == nil:

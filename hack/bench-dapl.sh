@@ -14,38 +14,13 @@
 #               Write, poll dat_evd_dequeue with sched_yield until it
 #               completes) against softrnic-perf write_bw --poll -t 1 -s 8
 #               (the same loop in Go): microseconds per Write.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-export PATH=$PATH:/usr/local/go/bin
-[ "$(id -u)" = 0 ] || { echo "bench-dapl: needs root (network namespaces)" >&2; exit 1; }
-bash hack/deps.sh test >/dev/null
-ROUNDS=${ROUNDS:-3} DATAPATH=${DATAPATH:-kernel}
+BENCH=bench-dapl
+source "$(dirname "$0")/bench-pair.sh"
 BW_N=${BW_N:-20000} LAT_N=${LAT_N:-5000}
-bin=$(mktemp -d /tmp/softrnic-bench-dapl.XXXXXX)
-name=srnbd$$
-pids=()
-cleanup() {
-	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-	hack/topology.sh down --name "$name" >/dev/null 2>&1 || true
-	rm -rf "$bin"
-}
-trap cleanup EXIT
-
-go build -o "$bin/" ./cmd/softrnicd ./cmd/softrnic-perf
 go build -buildmode=c-shared -o "$bin/libdaplsoftrnic.so.2" ./dapl
-hack/topology.sh up --name "$name" >/dev/null
-dp_a=() dp_b=()
-if [ "$DATAPATH" = xdp ]; then dp_a=(--datapath xdp --cpus 0) dp_b=(--datapath xdp --cpus $(($(nproc) > 1 ? 1 : 0))); fi
-ip netns exec "$name-a" "$bin/softrnicd" --iface veth-a --socket "$bin/a.sock" --log-level warn "${dp_a[@]}" &
-pids+=($!)
-ip netns exec "$name-b" "$bin/softrnicd" --iface veth-b --socket "$bin/b.sock" --log-level warn "${dp_b[@]}" &
-pids+=($!)
 for s in a b; do
-	for _ in $(seq 200); do [ -S "$bin/$s.sock" ] && break; sleep 0.05; done
 	printf 'softrnic0 u2.0 nonthreadsafe default %s dapl.2.0 "veth-%s %s" ""\n' "$bin/libdaplsoftrnic.so.2" "$s" "$bin/$s.sock" > "$bin/$s.conf"
 done
-A=(ip netns exec "$name-a") B=(ip netns exec "$name-b")
 export DAT_OVERRIDE
 DAT_OVERRIDE=$bin/b.conf "${B[@]}" timeout 1800 stdbuf -oL dapltest -T S -D softrnic0 > "$bin/dapltest-server.log" 2>&1 &
 pids+=($!)

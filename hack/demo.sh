@@ -95,4 +95,27 @@ echo "   and with offload turned off (SOFTRNIC_SDP=off), the same programs speak
 "${run_a[@]}" env SOFTRNIC_SDP=off timeout 60 "$bin/softrnic-sdp-example" client --socket "$sock_a" --size "$SIZE" "$server:$port"
 kill "$spid" 2>/dev/null || true
 wait "$spid" 2>/dev/null || true
+echo "== unmodified verbs programs: Debian's ib_write_bw -R and rping through softrnic's libibverbs and librdmacm"
+if command -v ib_write_bw >/dev/null && command -v rping >/dev/null && [ -e /usr/include/infiniband/verbs.h ]; then
+	go run ./verbs/mklib -o "$bin/lib"
+	verbs_a=(env LD_LIBRARY_PATH="$bin/lib" SOFTRNIC_SOCKET="$sock_a")
+	verbs_b=(env LD_LIBRARY_PATH="$bin/lib" SOFTRNIC_SOCKET="$sock_b")
+	port=$((port + 1))
+	"${run_b[@]}" "${verbs_b[@]}" timeout 60 ib_write_bw -R -d softrnic0 -p "$port" -s 65536 -n 5000 >/dev/null &
+	spid=$!
+	pids+=($spid)
+	sleep 0.5
+	"${run_a[@]}" "${verbs_a[@]}" timeout 60 ib_write_bw -R -d softrnic0 -p "$port" -s 65536 -n 5000 "$server" | grep -E 'Device|Transport|rdma_cm|#bytes|^ *65536'
+	wait "$spid"
+	port=$((port + 1))
+	"${run_b[@]}" "${verbs_b[@]}" timeout 60 rping -s -a "$server" -p "$port" -C 100 -S 4096 -V &
+	spid=$!
+	pids+=($spid)
+	sleep 0.5
+	"${run_a[@]}" "${verbs_a[@]}" timeout 60 rping -c -a "$server" -p "$port" -C 100 -S 4096 -V -v | tail -1 | cut -c1-60
+	wait "$spid"
+	echo "   rping: 100 pings of 4 KiB, each RDMA-Read, RDMA-Written back and compared (-V)"
+else
+	echo "   skipped: needs perftest, rdmacm-utils and libibverbs-dev (as root, make demo installs them)"
+fi
 echo "== demo passed"

@@ -21,6 +21,11 @@ declare -A test_pkgs=(
 	[clang]=clang     # bpf: make generate, TestGeneratedUpToDate
 	[llvm-strip]=llvm # bpf: bpf2go strips DWARF from the object
 	[ibv_devinfo]=ibverbs-utils # verbs: Debian's own ibv_devinfo over our libibverbs
+	# systest: Debian's verbs programs over our libibverbs and librdmacm
+	[ib_write_bw]=perftest
+	[rping]=rdmacm-utils
+	[qperf]=qperf
+	[fio]=fio
 )
 
 # file -> Debian package, for packages that bring no command

@@ -17,6 +17,8 @@ type memTable struct {
 	mu   sync.Mutex
 	mrs  map[uint32]*MR
 	next uint32
+	// hosts: the process memory of process-backed regions (regProc).
+	hosts [][]byte
 }
 
 func (m *memTable) Lookup(stag uint32) *MR {

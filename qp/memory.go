@@ -3,6 +3,7 @@ package qp
 import (
 	"errors"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/softrnic/softrnic/ddp"
 )
@@ -27,12 +28,41 @@ type MR struct {
 	Access Access
 	Base   uint64
 	Buf    []byte
+	// Proc, when set, makes the region the octets [Base, Base+len(Buf))
+	// of a process's address space (its addresses are the tagged
+	// offsets), reached through Proc by copies, and Buf a shadow of them
+	// that the engine addresses as it does any region's bytes (slice,
+	// the SGEs of work requests). The shadow holds data only while the
+	// engine reads it: a range is filled from the process just before,
+	// fetchAhead at a time (fetch: a Send's or Write's SGEs as they go
+	// out, after any Fence; the source of a Read Response as it is
+	// served, after the requests before it). What
+	// the engine places (a peer's Write or Send, a Read Response, an
+	// atomic's result) goes to the process in order, gathered up to a
+	// message's end (stage.go) or at once (store), not through the
+	// shadow, which stays untouched (and unbacked) where nothing is
+	// read. An atomic on such
+	// a region reads, operates and writes back (executeProcAtomic). Holds
+	// cover it as any region: the shadow may go once Deregister succeeds.
+	Proc ProcessMemory
 
 	invalid atomic.Bool // invalidated locally or by Send with Invalidate
 	dead    atomic.Bool // deregistered
 	// inflight counts work requests that reference the region and
 	// placements under way; deregistration fails while it is non-zero.
 	inflight atomic.Int32
+}
+
+// ProcessMemory is the memory of a process that regions stand for (MR.Proc),
+// by its virtual addresses: in the daemon package internal/procmem, which
+// copies through /proc/PID/mem. ReadAt and WriteAt copy every octet
+// or fail (the memory was unmapped since registration, the process is gone)
+// and never panic; the engine calls them with the region held, from the
+// goroutine that drives the QP, and they must allocate nothing when they
+// succeed (the engine's datapath allocates nothing).
+type ProcessMemory interface {
+	ReadAt(dst []byte, addr uint64) error
+	WriteAt(src []byte, addr uint64) error
 }
 
 // Memory finds regions by STag for the engine. Lookup returns nil for an
@@ -84,6 +114,39 @@ func (m *MR) hold() bool {
 }
 
 func (m *MR) release() { m.inflight.Add(-1) }
+
+// procAddr is the process address of b, a non-empty part of m.Buf (the
+// shadow of a process-backed region).
+func (m *MR) procAddr(b []byte) uint64 {
+	off := uintptr(unsafe.Pointer(unsafe.SliceData(b))) - uintptr(unsafe.Pointer(unsafe.SliceData(m.Buf)))
+	return m.Base + uint64(off)
+}
+
+// fetch fills b, a part of the shadow of a process-backed region, from the
+// process.
+func (m *MR) fetch(b []byte) error {
+	if len(b) == 0 {
+		return nil
+	}
+	return m.Proc.ReadAt(b, m.procAddr(b))
+}
+
+// store writes data to the process where at, a part of the shadow of a
+// process-backed region at least as long, stands: a placement.
+func (m *MR) store(at, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	return m.Proc.WriteAt(data, m.procAddr(at))
+}
+
+// procOf is m if it is process-backed, else nil.
+func procOf(m *MR) *MR {
+	if m != nil && m.Proc != nil {
+		return m
+	}
+	return nil
+}
 
 // slice returns the bytes for [to, to+n) or false when out of bounds, with
 // overflow-safe arithmetic.

@@ -597,3 +597,38 @@ func TestMessagesNotInterleaved(t *testing.T) {
 	mustEqual(t, "read", sink.Buf[:size], src.Buf)
 	mustEqual(t, "write", sink.Buf[size:], src.Buf)
 }
+
+// The Read RTR is a Read the responder counts against its IRD until it
+// has answered it: an initiator whose ORD equals the responder's IRD and
+// that posts Reads at once sends no more of them than ORD less the RTR,
+// even when they all reach the responder before it transmits (a
+// responder that met ORD+1 Read Requests ended the stream with RDMAP's
+// catastrophic error: softrnic-perf's read_bw --p2p --rtr read in CI).
+func TestReadRTRCountsAgainstORD(t *testing.T) {
+	a, b := newPair(t, pairOpts{connectOff: true})
+	p := mpa.Params{CRC: true, PeerToPeer: true, RTR: mpa.RTRRead, IRD: 2, ORD: 2}
+	must(t, a.q.Connect(p, 1448, true))
+	must(t, b.q.Connect(p, 1448, false))
+	src := b.mem.reg(t, pdB, 4096, RemoteRead)
+	fill(src.Buf, 3)
+	sink := a.mem.reg(t, pdA, 4096, LocalWrite|RemoteWrite)
+	for i := range 4 {
+		must(t, a.q.PostSend(&SendWR{ID: uint64(i), Op: OpRead, Flags: Signaled,
+			SGL: []SGE{{LKey: sink.STag, Addr: sink.Base + uint64(i)*1024, Length: 1024}}, RemoteSTag: src.STag, RemoteTO: src.Base + uint64(i)*1024}))
+	}
+	// Everything the initiator has goes to the responder in one batch,
+	// before the responder sends anything.
+	var buf [16 << 10]byte
+	n := a.q.Transmit(buf[:])
+	a.sentTot = uint64(n)
+	a.q.Sent(a.sentTot)
+	b.q.Receive(buf[:n])
+	if b.q.State() != RTS {
+		t.Fatalf("responder in %v after the RTR and the first Reads (%v)", b.q.State(), b.events)
+	}
+	newLink(a, b, 0).pump()
+	if sc := poll(a.scq); len(sc) != 4 {
+		t.Fatalf("read completions %+v", sc)
+	}
+	mustEqual(t, "read", sink.Buf, src.Buf)
+}

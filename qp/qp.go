@@ -3,8 +3,9 @@
 // Read and atomic responder, Terminate and flush.
 //
 // The engine is a state machine with no goroutines, no clock and no system
-// calls. Its owner (a poller, or the kernel-TCP glue in package rnic) drives
-// it and serialises every call:
+// calls but the copies to and from process-backed regions (MR.Proc). Its
+// owner (a poller, or the kernel-TCP glue in package rnic) drives it and
+// serialises every call:
 //
 //	PostSend, PostRecv        the consumer's work requests
 //	Receive(stream octets)    in-order bytes from the LLP, placed at once
@@ -128,6 +129,8 @@ type QP struct {
 	irq ring[*irqe]
 
 	rx rxState
+	// stage gathers placements into process memory (stage.go).
+	stage stage
 
 	// txPos counts octets produced by Transmit; sentPos those the LLP
 	// accepted.
@@ -263,6 +266,11 @@ type sqe struct {
 	status   completion.Status
 	err      error
 	readTO   uint64 // Read: next expected sink offset
+	// proc: an SGE of this Send or Write is process-backed (MR.Proc);
+	// fetched: the octets of the request's data (from its start) that
+	// were read into their shadows (fetchFor).
+	proc    bool
+	fetched int
 }
 
 // rqe is a receive-queue entry: what placement needs, and no copy of the
@@ -325,6 +333,11 @@ func (q *QP) prepareSend(e *sqe, wr *SendWR) error {
 		e.nsge = 1
 	} else if err := q.resolve(wr.SGL, e.bufs[:], e.mrs[:], need, &e.total); err != nil {
 		return err
+	}
+	if wr.Op == OpSend || wr.Op == OpSendInvalidate || wr.Op == OpWrite {
+		for _, m := range e.mrs[:e.nsge] {
+			e.proc = e.proc || procOf(m) != nil
+		}
 	}
 	if wr.Op == OpRead || wr.Op == OpWrite {
 		if e.total > 1<<31 {
@@ -411,6 +424,35 @@ func (q *QP) resolve(sgl []SGE, bufs [][]byte, mrs []*MR, need Access, total *in
 }
 
 func (e *sqe) releaseAll() { releaseHolds(e.mrs[:], e.bufs[:]) }
+
+// fetchAhead is how much of a process-backed request's data, or of a Read
+// Response's source, is read from the process at a time, ahead of what
+// goes out: one copy per 256 KiB, and a large message never holds the
+// engine's owner (a poller other QPs share) for one long copy.
+const fetchAhead = 256 << 10
+
+// fetchFor makes octets [off, off+n) of the request's data, and up to
+// fetchAhead more, present in the shadows of its process-backed SGEs: the
+// data is read as it goes out (after any Fence), as an RNIC reads it.
+func (e *sqe) fetchFor(off, n int) error {
+	if off+n <= e.fetched {
+		return nil
+	}
+	end := min(e.total, max(off+n, e.fetched+fetchAhead))
+	start := 0 // of SGE i in the request's data
+	for i := 0; i < e.nsge && start < end; i++ {
+		b := e.bufs[i]
+		lo, hi := max(e.fetched, start), min(end, start+len(b))
+		if m := procOf(e.mrs[i]); m != nil && lo < hi {
+			if err := m.fetch(b[lo-start : hi-start]); err != nil {
+				return err
+			}
+		}
+		start += len(b)
+	}
+	e.fetched = end
+	return nil
+}
 
 func (e *rqe) releaseAll() { releaseHolds(e.mrs[:], e.bufs[:]) }
 
@@ -547,6 +589,7 @@ func (q *QP) enterError(err error, kind EventKind) {
 	q.state = Error
 	q.ended = true
 	q.rx.drop()
+	q.dropStage()
 	for q.irq.len() > 0 {
 		q.popResponse()
 	}

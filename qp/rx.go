@@ -31,6 +31,9 @@ type rxState struct {
 	hlen int
 	dst  []byte
 	mr   *MR
+	// proc: dst is in the shadow of this process-backed region, whose
+	// process receives the octets (MR.Proc).
+	proc *MR
 	mo   int
 	// stopped: a Terminate was decided; further input is discarded.
 	stopped bool
@@ -43,7 +46,7 @@ func (r *rxState) drop() {
 		r.mr.release()
 		r.mr = nil
 	}
-	r.dst = nil
+	r.dst, r.proc = nil, nil
 	r.stopped = true
 }
 
@@ -166,7 +169,7 @@ func (q *QP) startSegment() bool {
 			q.terminate(err)
 			return false
 		}
-		r.mr, r.dst, r.mode = m, dst, rxTagged
+		r.mr, r.dst, r.mode, r.proc = m, dst, rxTagged, procOf(m)
 	case ddp.OpReadResponse:
 		t := ddp.Tagged(h)
 		if q.rtrRead && plen == 0 && t.STag() == RTRSTag {
@@ -192,7 +195,7 @@ func (q *QP) startSegment() bool {
 			return false
 		}
 		off := t.TO() - sink.Addr
-		r.dst, r.mode = e.bufs[0][off:off+plen], rxTagged
+		r.dst, r.mode, r.proc = e.bufs[0][off:off+plen], rxTagged, procOf(e.mrs[0])
 		e.readTO += plen
 	case ddp.OpSend, ddp.OpSendInvalidate, ddp.OpSendSE, ddp.OpSendSEInvalidate:
 		u := ddp.Untagged(h)
@@ -317,6 +320,15 @@ func (q *QP) place(data []byte) {
 	r := &q.rx
 	switch r.mode {
 	case rxTagged:
+		if r.proc != nil {
+			n := min(len(r.dst), len(data))
+			if err := q.stagePlace(r.proc, r.dst[:n], data[:n]); err != nil {
+				q.placeFailed(err)
+				return
+			}
+			r.dst = r.dst[n:]
+			break
+		}
 		n := copy(r.dst, data)
 		r.dst = r.dst[n:]
 	case rxUntagged:
@@ -328,8 +340,17 @@ func (q *QP) place(data []byte) {
 				off -= len(b)
 				continue
 			}
-			n := copy(b[off:], data)
-			data = data[n:]
+			var k int
+			if m := procOf(e.mrs[i]); m != nil {
+				k = min(len(b)-off, len(data))
+				if err := q.stagePlace(m, b[off:off+k], data[:k]); err != nil {
+					q.placeFailed(err)
+					return
+				}
+			} else {
+				k = copy(b[off:], data)
+			}
+			data = data[k:]
 			off = 0
 		}
 		r.mo += n // startSegment checked that it all fits
@@ -340,14 +361,58 @@ func (q *QP) place(data []byte) {
 	}
 }
 
+// placeFailed ends the segment whose octets could not be written to the
+// process behind their region (MR.Proc): the memory was unmapped since it
+// was registered, or the process is gone. The fault is ours, not the
+// peer's: its segment passed every check of RFC 5041 §7.1 and RFC 5040 §7,
+// and the tagged buffer errors all say the peer erred (STag, bounds, PD),
+// so the Terminate is DDP's Local Catastrophic Error (RFC 5041 §7.2, Layer
+// DDP, Type 0), which Linux siw also sends when a copy into user memory
+// fails. The local request the octets were for, a receive or a Read,
+// completes with a local protection error; the others flush.
+func (q *QP) placeFailed(err error) {
+	var se *stageError
+	op := ddp.Header(q.rx.hdr[:q.rx.hlen]).Opcode()
+	if errors.As(err, &se) {
+		op, err = se.op, se.err // gathered octets of that message's
+	}
+	err = fmt.Errorf("%w: %w", ErrProtection, err)
+	// The request the octets were for, if there is one (the RTR's empty
+	// Read Response has none).
+	switch op {
+	case ddp.OpReadResponse:
+		if q.orq.len() > 0 && !q.rx.rtr {
+			e := q.orq.get(0)
+			e.status, e.err = completion.LocalProtectionError, err
+		}
+	case ddp.OpSend, ddp.OpSendInvalidate, ddp.OpSendSE, ddp.OpSendSEInvalidate:
+		if q.rq.len() > 0 {
+			id := q.rq.get(0).id
+			q.popRecv()
+			q.push(q.cfg.RecvCQ, completion.Completion{ID: id, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
+				Status: completion.LocalProtectionError, Err: err})
+		}
+	}
+	q.terminate(ddp.DDPLocalCatastrophic)
+}
+
 // rxEnd finishes a segment whose octets (and CRC) all arrived.
 func (q *QP) rxEnd() {
 	r := &q.rx
 	h := ddp.Header(r.hdr[:r.hlen])
+	if h.Last() {
+		// The message's octets reach the process before its
+		// completion and before the next message is taken in.
+		if err := q.flushStage(); err != nil {
+			q.placeFailed(err)
+			return
+		}
+	}
 	if r.mr != nil {
 		r.mr.release()
 		r.mr = nil
 	}
+	r.proc = nil
 	last := h.Last()
 	switch op := h.Opcode(); op {
 	case ddp.OpReadResponse:
@@ -401,7 +466,21 @@ func (q *QP) rxEnd() {
 	case ddp.OpAtomicResponse:
 		e := q.orq.get(0)
 		rsp := ddp.AtomicResponse(r.hdr[r.hlen:r.need])
-		binary.NativeEndian.PutUint64(e.bufs[0], rsp.Value())
+		if m := procOf(e.mrs[0]); m != nil {
+			// From the request's own octets (its inline copy, which
+			// an atomic does not use), not the shadow.
+			binary.NativeEndian.PutUint64(e.inline[:8], rsp.Value())
+			if err := m.store(e.bufs[0], e.inline[:8]); err != nil {
+				// As placeFailed, but RDMAP places the result
+				// (RFC 7306 §5): its Local Catastrophic Error
+				// (RFC 5040 §4.8, Type 0).
+				e.status, e.err = completion.LocalProtectionError, fmt.Errorf("%w: %w", ErrProtection, err)
+				q.terminate(ddp.RDMAPLocalCatastrophic)
+				return
+			}
+		} else {
+			binary.NativeEndian.PutUint64(e.bufs[0], rsp.Value())
+		}
 		e.awaiting = false
 		e.done = true
 		q.orq.pop()
@@ -450,7 +529,15 @@ func statusFor(c ddp.TerminateError) completion.Status {
 // terminate decides a Terminate for cause: the headers of the segment at
 // fault go with it (RFC 5040 §4.8, Figure 10), the QP stops receiving, and
 // after the Terminate is sent it goes to Error.
-func (q *QP) terminate(cause error) {
+func (q *QP) terminate(cause error) { q.terminateWith(cause, true) }
+
+// terminateLocal is terminate for an error the transmit side finds, in a
+// request of ours or a response we owe: the segment the receive side is in
+// has nothing to do with it, so no header goes with the Terminate (RFC 5040
+// §4.8 lets the D and R flags say none is there).
+func (q *QP) terminateLocal(cause error) { q.terminateWith(cause, false) }
+
+func (q *QP) terminateWith(cause error, fromRx bool) {
 	if q.term != nil || q.ended {
 		return
 	}
@@ -459,8 +546,10 @@ func (q *QP) terminate(cause error) {
 		te = ddp.RDMAPLocalCatastrophic
 	}
 	r := &q.rx
+	// hdr: the receive side's segment is the one at fault.
+	hdr := fromRx && r.hlen > 0 && r.have >= r.hlen
 	f := &ddp.TerminateFields{Error: te}
-	if te.Layer != ddp.LayerLLP && r.hlen > 0 && r.have >= r.hlen {
+	if te.Layer != ddp.LayerLLP && hdr {
 		f.DDPHeader = append([]byte(nil), r.hdr[:r.hlen]...)
 		f.SegmentLenValid = true
 		f.SegmentLen = uint16(r.ulen)
@@ -471,9 +560,10 @@ func (q *QP) terminate(cause error) {
 	}
 	q.term = f
 	q.rx.drop()
+	q.dropStage()
 	q.state = Terminate
 	// A Read or atomic whose response broke the protocol fails with that.
-	if r.hlen > 0 && q.orq.len() > 0 && (ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpReadResponse ||
+	if fromRx && r.hlen > 0 && q.orq.len() > 0 && (ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpReadResponse ||
 		ddp.Header(r.hdr[:r.hlen]).Opcode() == ddp.OpAtomicResponse) {
 		e := q.orq.get(0)
 		if e.status == completion.Success {

@@ -1,6 +1,8 @@
 package qp
 
 import (
+	"fmt"
+
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ddp"
 	"github.com/softrnic/softrnic/mpa"
@@ -18,8 +20,12 @@ type irqe struct {
 	sent     int
 	src      []byte
 	mr       *MR
-	// atomics
-	req ddp.AtomicRequestFields
+	// fetched: the octets of a process-backed source read into its
+	// shadow, fetchAhead at a time as the response is served.
+	fetched int
+	// atomics; word carries a process-backed target's value.
+	req  ddp.AtomicRequestFields
+	word [8]byte
 }
 
 func (e *irqe) release() {
@@ -53,7 +59,13 @@ func (q *QP) sqReady() bool {
 	if e.wr.Flags&Fence != 0 && e.sent == 0 && q.orq.len() > 0 {
 		return false
 	}
-	if (e.wr.Op == OpRead || e.wr.Op == OpFetchAdd || e.wr.Op == OpCmpSwap) && q.orq.len() >= max(q.ord, 0) {
+	// Our Read RTR is a Read the peer counts against its IRD until it
+	// has answered: it takes one of ORD's places until then.
+	outstanding := q.orq.len()
+	if q.rtrRead {
+		outstanding++
+	}
+	if (e.wr.Op == OpRead || e.wr.Op == OpFetchAdd || e.wr.Op == OpCmpSwap) && outstanding >= max(q.ord, 0) {
 		return false
 	}
 	return true
@@ -145,6 +157,12 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 			op += ddp.OpSendSE - ddp.OpSend
 		}
 		p := chunk(e.bufs[:], e.nsge, e.sent, q.mulpdu-ddp.UntaggedHeaderLen)
+		if e.proc {
+			if err := e.fetchFor(e.sent, len(p)); err != nil {
+				q.failLocal(e, len(out), err)
+				return out, true
+			}
+		}
 		last := e.sent+len(p) == e.total
 		ddp.Untagged(hdr[:]).Encode(&ddp.UntaggedFields{Last: last, Opcode: op, InvalidateSTag: e.wr.InvalidateSTag,
 			QN: ddp.QNSend, MSN: q.sendMSN, MO: uint32(e.sent)})
@@ -172,6 +190,12 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 		q.queued(e, len(out))
 	case OpWrite:
 		p := chunk(e.bufs[:], e.nsge, e.sent, q.mulpdu-ddp.TaggedHeaderLen)
+		if e.proc {
+			if err := e.fetchFor(e.sent, len(p)); err != nil {
+				q.failLocal(e, len(out), err)
+				return out, true
+			}
+		}
 		last := e.sent+len(p) == e.total
 		ddp.Tagged(hdr[:]).Encode(&ddp.TaggedFields{Last: last, Opcode: ddp.OpWrite, STag: e.wr.RemoteSTag,
 			TO: e.wr.RemoteTO + uint64(e.sent)})
@@ -227,6 +251,22 @@ func (q *QP) txSend(out []byte) ([]byte, bool) {
 	return out, true
 }
 
+// failLocal ends a Send or Write whose process-backed memory could not be
+// read (unmapped since it was registered, or the process gone) as it went
+// out: it completes in order with a local protection error (the peer saw
+// none of it, or the start of a message that never ends), and the
+// QP terminates with an RDMAP Local Catastrophic Error (RFC 5040 §4.8,
+// Type 0), as RDMAC Verbs §8.3.2 asks of a request that fails locally (Linux
+// siw quotes it and does the same): the requests after it flush instead of
+// going out, such as the Immediate or the Send that would tell the peer the
+// data is there.
+func (q *QP) failLocal(e *sqe, after int, err error) {
+	e.status = completion.LocalProtectionError
+	e.err = fmt.Errorf("%w: %w", ErrProtection, err)
+	q.queued(e, after)
+	q.terminateLocal(ddp.RDMAPLocalCatastrophic)
+}
+
 // queued marks a send request wholly framed; it completes once the LLP has
 // taken its last octet (or, for Reads and atomics, when the response comes).
 func (q *QP) queued(e *sqe, after int) {
@@ -245,8 +285,14 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 		if q.framer.WireLen(rspLen) > cap(out)-len(out) {
 			return out, false
 		}
-		orig, err := executeAtomic(e.src, &e.req)
-		if err != nil {
+		var orig uint64
+		var err error
+		if m := procOf(e.mr); m != nil {
+			if orig, err = executeProcAtomic(m, e.src, &e.word, &e.req); err != nil {
+				q.remoteSourceFailed()
+				return out, true
+			}
+		} else if orig, err = executeAtomic(e.src, &e.req); err != nil {
 			q.terminate(err)
 			return out, true
 		}
@@ -259,6 +305,16 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 	}
 	p := e.src[e.sent:]
 	p = p[:min(len(p), q.mulpdu-ddp.TaggedHeaderLen)]
+	if m := procOf(e.mr); m != nil && e.sent+len(p) > e.fetched {
+		// Read as it is served, after the requests before it (an
+		// atomic on the same octets).
+		end := min(e.size, max(e.sent+len(p), e.fetched+fetchAhead))
+		if err := m.fetch(e.src[e.fetched:end]); err != nil {
+			q.remoteSourceFailed()
+			return out, true
+		}
+		e.fetched = end
+	}
 	last := e.sent+len(p) == e.size
 	ddp.Tagged(hdr[:]).Encode(&ddp.TaggedFields{Last: last, Opcode: ddp.OpReadResponse, STag: e.sinkSTag, TO: e.sinkTO + uint64(e.sent)})
 	if out, ok = q.fpdu(out, hdr[:ddp.TaggedHeaderLen], p); !ok {
@@ -272,6 +328,17 @@ func (q *QP) txResponse(out []byte) ([]byte, bool) {
 	}
 	return out, true
 }
+
+// remoteSourceFailed terminates for the source of the peer's Read, or the
+// target of its atomic, in a region whose process memory could not be read
+// or written as the response was served (unmapped since it was registered,
+// or the process gone). The peer named a region it was granted, within its
+// bounds and rights, but its octets are not there: an RDMAP Remote
+// Protection Error (RFC 5040 §4.8, Type 1) with the Unspecified code, as no
+// other fits, so that the peer's Read or atomic completes as a remote
+// access error. No header goes with it: the request arrived earlier
+// (terminateLocal).
+func (q *QP) remoteSourceFailed() { q.terminateLocal(ddp.RDMAPProtectionUnspecified) }
 
 func (q *QP) txTerminate(out []byte) ([]byte, bool) {
 	var hdr [ddp.UntaggedHeaderLen]byte

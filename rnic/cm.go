@@ -18,8 +18,11 @@ import (
 // Connection setup errors. A rejection carries the peer's private data.
 var (
 	ErrUnreachable = errors.New("rnic: peer unreachable")
-	ErrTimedOut    = errors.New("rnic: connection setup timed out")
-	ErrState       = errors.New("rnic: QP not in a state to connect")
+	// ErrRefused (with ErrUnreachable): the peer's host answered the
+	// connection with a reset: nothing listens on the port.
+	ErrRefused  = errors.New("rnic: connection refused: nothing listens on the port")
+	ErrTimedOut = errors.New("rnic: connection setup timed out")
+	ErrState    = errors.New("rnic: QP not in a state to connect")
 )
 
 // RejectedError is returned by Connect when the peer's consumer rejected.

@@ -106,7 +106,6 @@ type Device struct {
 	closed bool
 	nextPD uint32
 	pds    map[uint32]*PD
-	qpn    uint32
 	qps    map[uint32]*QP
 	// qpsMost is qps' high-water mark (shrink).
 	qpsMost int
@@ -330,22 +329,40 @@ type MR struct {
 // given rights. The caller keeps buf alive and unchanged in size until
 // Deregister succeeds.
 func (d *Device) RegisterMR(pd *PD, buf []byte, base uint64, access qp.Access) (*MR, error) {
+	return d.registerMR(pd, &qp.MR{Access: access, Base: base, Buf: buf})
+}
+
+// registerMR checks and publishes r, whole before any lookup can find it.
+func (d *Device) registerMR(pd *PD, r *qp.MR) (*MR, error) {
 	if pd == nil || pd.dev != d {
 		return nil, fmt.Errorf("register MR: %w", ErrInvalidHandle)
 	}
-	if base+uint64(len(buf)) < base {
-		return nil, fmt.Errorf("register MR: base %#x + %d wraps: %w", base, len(buf), ErrInvalidParam)
+	if r.Base+uint64(len(r.Buf)) < r.Base {
+		return nil, fmt.Errorf("register MR: base %#x + %d wraps: %w", r.Base, len(r.Buf), ErrInvalidParam)
 	}
 	// Remote write and atomics need local write (as in verbs).
-	if access&(qp.RemoteWrite|qp.RemoteAtomic) != 0 && access&qp.LocalWrite == 0 {
+	if r.Access&(qp.RemoteWrite|qp.RemoteAtomic) != 0 && r.Access&qp.LocalWrite == 0 {
 		return nil, fmt.Errorf("register MR: remote write or atomic without local write: %w", ErrInvalidParam)
 	}
-	m := &MR{MR: &qp.MR{PD: pd.id, Access: access, Base: base, Buf: buf}, pd: pd}
+	r.PD = pd.id
+	m := &MR{MR: r, pd: pd}
 	if err := d.stags.insert(m.MR); err != nil {
 		return nil, fmt.Errorf("register MR: %w", err)
 	}
 	pd.refs.Add(1)
 	return m, nil
+}
+
+// RegisterProcessMR registers the octets [va, va+len(shadow)) of a process,
+// which the engine reaches through mem (qp.MR.Proc), with the given rights;
+// shadow is the engine's copy of them, which it fills and addresses as
+// operations need. The caller keeps shadow mapped, and mem usable, until
+// Deregister succeeds.
+func (d *Device) RegisterProcessMR(pd *PD, shadow []byte, mem qp.ProcessMemory, va uint64, access qp.Access) (*MR, error) {
+	if mem == nil || len(shadow) == 0 {
+		return nil, fmt.Errorf("register process MR: no memory: %w", ErrInvalidParam)
+	}
+	return d.registerMR(pd, &qp.MR{Access: access, Base: va, Buf: shadow, Proc: mem})
 }
 
 // Deregister removes the region; it fails with ErrBusy while a work request

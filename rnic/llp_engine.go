@@ -227,6 +227,8 @@ func (ec *engineConn) startupErr(c *tcp.Conn) error {
 	switch {
 	case ec.llp.Rejected != nil:
 		err = &RejectedError{PrivateData: ec.llp.Rejected}
+	case err == nil && !ec.tcpUp && errors.Is(c.Err(), tcp.ErrRefused):
+		err = fmt.Errorf("%w: %w: %v", ErrUnreachable, ErrRefused, c.Err())
 	case err == nil && !ec.tcpUp && c.Err() != nil:
 		// Refused, or no answer to the SYN: the peer is unreachable.
 		err = fmt.Errorf("%w: %v", ErrUnreachable, c.Err())

@@ -734,6 +734,9 @@ func (q *QP) connectKernel(ctx context.Context, raddr string, cfg mpa.Config, d 
 		if lim := resourceError(err); errors.Is(lim, ErrResources) {
 			return nil, fmt.Errorf("connect %s: %w", raddr, lim)
 		}
+		if errors.Is(err, unix.ECONNREFUSED) {
+			return nil, fmt.Errorf("connect %s: %w: %w: %v", raddr, ErrUnreachable, ErrRefused, err)
+		}
 		return nil, fmt.Errorf("connect %s: %w: %v", raddr, ErrUnreachable, err)
 	}
 	return q.startKernel(ctx, nc.(*net.TCPConn), raddr, cfg)

@@ -241,7 +241,9 @@ func TestKernelPeerClosingAfterOurLastSend(t *testing.T) {
 			return
 		}
 		once.Do(func() {
-			for deadline := time.Now().Add(5 * time.Second); srv.rcq.Len() == 0; time.Sleep(time.Millisecond) {
+			// Generous deadlines: CI runs this under -race on two
+			// busy cores (a 5 s wait for the FIN once ran out there).
+			for deadline := time.Now().Add(30 * time.Second); srv.rcq.Len() == 0; time.Sleep(time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Error("the Send did not arrive")
 					return
@@ -250,7 +252,7 @@ func TestKernelPeerClosingAfterOurLastSend(t *testing.T) {
 			s.Disconnect(true)
 			// The FIN is read (the end held back, or, before the
 			// fix, handled and the Send flushed).
-			for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+			for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
 				kc.mu.Lock()
 				read := kc.rxDone || kc.writeState.Load() == writeEndHeld
 				kc.mu.Unlock()

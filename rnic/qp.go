@@ -2,6 +2,7 @@ package rnic
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 	"weak"
@@ -194,8 +195,7 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 		d.mu.Unlock()
 		return nil, fmt.Errorf("create QP: %w", ErrResources)
 	}
-	d.qpn++
-	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.qpn}
+	q := &QP{dev: d, pd: pd, attr: attr, qpn: d.newQPN()}
 	if attr.OnEvent == nil {
 		q.events = make(chan ConnEvent, 8)
 	}
@@ -217,6 +217,20 @@ func (d *Device) CreateQP(pd *PD, attr QPAttr) (*QP, error) {
 
 // QPN is the queue pair number.
 func (q *QP) QPN() uint32 { return q.qpn }
+
+// newQPN picks a QP number no live QP of d has, at random in [2, 2^24):
+// 24 bits as InfiniBand's (perftest and qperf keep them so), 0 and 1
+// left out as InfiniBand's special QPs are. At random, not in sequence:
+// a QP connected the InfiniBand way is found by its number, which a peer
+// then cannot guess (daemon/ibconn.go). d.mu held.
+func (d *Device) newQPN() uint32 {
+	for {
+		n := 2 + rand.Uint32N(1<<24-2)
+		if _, used := d.qps[n]; !used {
+			return n
+		}
+	}
+}
 
 // Ended reports that the QP's connection is over.
 func (q *QP) Ended() bool {

@@ -21,6 +21,15 @@ import (
 // of their sources under verbs.
 var Libraries = map[string]string{"libibverbs.so.1": "ibverbs", "librdmacm.so.1": "rdmacm"}
 
+// buildOrder is the order Build makes them in: librdmacm links
+// libibverbs.
+var buildOrder = []string{"libibverbs.so.1", "librdmacm.so.1"}
+
+// shared are sources of libibverbs compiled into librdmacm too: the
+// control protocol and EVDs, with which the RDMA-CM drives the session of
+// a context libibverbs opened (hidden in both).
+var shared = map[string][]string{"librdmacm.so.1": {"ibverbs/ctl.c", "ibverbs/evd.c"}}
+
 // Build compiles the libraries from the sources under dir (the verbs
 // directory of the tree) into out.
 func Build(dir, out string) error {
@@ -31,7 +40,8 @@ func Build(dir, out string) error {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return err
 	}
-	for lib, src := range Libraries {
+	for _, lib := range buildOrder {
+		src := Libraries[lib]
 		srcs, err := filepath.Glob(filepath.Join(dir, src, "*.c"))
 		if err != nil || len(srcs) == 0 {
 			return fmt.Errorf("verbs: no sources in %s", filepath.Join(dir, src))
@@ -39,7 +49,14 @@ func Build(dir, out string) error {
 		args := []string{"-shared", "-fPIC", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter",
 			"-o", filepath.Join(out, lib), "-Wl,-soname," + lib,
 			"-Wl,--version-script=" + filepath.Join(dir, "abi", strings.TrimSuffix(lib, ".so.1")+".map"), "-Wl,-z,defs"}
+		args = append(args, "-I", filepath.Join(dir, "ibverbs"))
 		args = append(args, srcs...)
+		for _, f := range shared[lib] {
+			args = append(args, filepath.Join(dir, f))
+		}
+		if lib != "libibverbs.so.1" {
+			args = append(args, filepath.Join(out, "libibverbs.so.1"))
+		}
 		args = append(args, "-lpthread")
 		if b, err := exec.Command(cc, args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("verbs: cc %s: %v\n%s", lib, err, b)

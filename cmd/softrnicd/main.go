@@ -32,6 +32,7 @@ func main() {
 	imp := flag.String("impair", "", "test facility: degrade the xdp datapath's link both ways in process, e.g. loss=0.5%,reorder=0.5%,seed=1 (keys: loss duplicate reorder delay jitter seed)")
 	xdpMode := flag.String("xdp-mode", "auto", "XDP attach mode on the xdp datapath: auto, native or generic")
 	napi := flag.String("napi", "auto", "where the kernel runs the interface's receive work on the xdp datapath: auto (adaptive on veth, keep elsewhere), adaptive (threaded NAPI while a stream arrives), threaded, softirq or keep")
+	ibPort := flag.Int("ib-port", daemon.DefaultIBConnPort, "TCP port on which the daemon takes, and to which it makes, the connections of QPs that verbs programs connect the InfiniBand way (ibv_modify_qp to RTR with the peer's QP number, as perftest without -R does); the same for every daemon of a network; -1: none")
 	level := flag.String("log-level", "info", "log level: debug, info, warn, error")
 	stats := flag.Bool("stats", false, "print the statistics of the daemon running on --socket (or --iface's socket) and exit")
 	flag.Parse()
@@ -63,7 +64,7 @@ func main() {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lv}))
-	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, NAPI: *napi, CPUs: cpuList, Impair: *imp, Logger: log})
+	srv, err := daemon.New(daemon.Options{Iface: *iface, Datapath: *datapath, Socket: *socket, Pollers: *pollers, XDPMode: *xdpMode, NAPI: *napi, CPUs: cpuList, Impair: *imp, IBConnPort: *ibPort, Logger: log})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "softrnicd: %v\n", err)
 		os.Exit(1)

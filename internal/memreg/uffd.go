@@ -32,7 +32,7 @@ const (
 	uffdUserModeOnly    = 1
 	uffdRegisterMissing = 1
 	ioctlUffdAPI        = 3<<30 | 24<<16 | 0xaa<<8 | 0x3f // _IOWR(0xAA, 0x3F, struct uffdio_api)
-	ioctlUffdRegister   = 3<<30 | 32<<16 | 0xaa<<8 | 0x00 // _IOWR(0xAA, 0x00, struct uffdio_register)
+	ioctlUffdRegister   = 3<<30 | 32<<16 | 0xaa<<8        // _IOWR(0xAA, 0x00, struct uffdio_register)
 	ioctlUffdUnregister = 2<<30 | 16<<16 | 0xaa<<8 | 0x01 // _IOR(0xAA, 0x01, struct uffdio_range)
 	ioctlUffdWake       = 2<<30 | 16<<16 | 0xaa<<8 | 0x02 // _IOR(0xAA, 0x02, struct uffdio_range)
 )

@@ -289,8 +289,18 @@ func Map(f *os.File, offset int64, length int) ([]byte, error) {
 	return m, nil
 }
 
-// Unmap releases a mapping from Map.
+// Unmap releases a mapping from Map or MapAnon.
 func Unmap(b []byte) error { return unix.Munmap(b) }
+
+// MapAnon maps length octets of private anonymous memory that reserves no
+// swap: pages cost memory only once touched.
+func MapAnon(length int) ([]byte, error) {
+	m, err := unix.Mmap(-1, 0, length, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS|unix.MAP_NORESERVE)
+	if err != nil {
+		return nil, fmt.Errorf("mmap: %w", err)
+	}
+	return m, nil
+}
 
 // NewEventfd returns a non-blocking eventfd as a file Go's poller can wait
 // on.

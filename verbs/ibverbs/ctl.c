@@ -4,20 +4,25 @@
  * request id, status), then the op's body, every field in declaration
  * order, big-endian, strings as a 16-bit length and the octets.
  */
+#define _GNU_SOURCE
 #include "srn.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 enum {
 	CTL_MAGIC = 0x5352,
-	CTL_VERSION = 4, /* ctl.Version */
+	CTL_VERSION = 6, /* ctl.Version */
 	CTL_HEADER = 16,
 	CTL_MAX = 65536,
 	OP_HELLO = 1,
@@ -30,41 +35,10 @@ const char *srn_socket_path(void)
 	return p && *p ? p : "/run/softrnic/softrnic.sock";
 }
 
-/* A reader of a reply body that fails once anything is short. */
-struct rd {
-	const uint8_t *p, *end;
-	int bad;
-};
-
-static const uint8_t *take(struct rd *r, size_t n)
+static void str(struct srn_r *r, char *dst, size_t cap)
 {
-	if (r->bad || (size_t)(r->end - r->p) < n) {
-		r->bad = 1;
-		return NULL;
-	}
-	const uint8_t *p = r->p;
-	r->p += n;
-	return p;
-}
-
-static uint64_t be(struct rd *r, size_t n)
-{
-	const uint8_t *p = take(r, n);
-	uint64_t v = 0;
-	for (size_t i = 0; p && i < n; i++)
-		v = v << 8 | p[i];
-	return v;
-}
-
-static void str(struct rd *r, char *dst, size_t cap)
-{
-	size_t n = be(r, 2);
-	const uint8_t *p = take(r, n);
-	if (!p)
-		return;
-	if (n >= cap)
-		n = cap - 1;
-	memcpy(dst, p, n);
+	size_t n = 0;
+	srn_rbytes(r, dst, cap - 1, &n);
 	dst[n] = 0;
 }
 
@@ -72,12 +46,12 @@ static void put16(uint8_t *b, uint16_t v) { b[0] = v >> 8; b[1] = v; }
 static void put32(uint8_t *b, uint32_t v) { put16(b, v >> 16); put16(b + 2, v); }
 
 /*
- * recv_reply reads one reply into buf (CTL_MAX octets) and closes the
- * descriptors it passes: no reply this library reads needs one yet (the
- * Hello's doorbell and shared region are not mapped). A failed read
- * leaves the control data unread: it is looked at only after success.
+ * recv_reply reads one reply into buf (CTL_MAX octets). Up to max of the
+ * descriptors it passes go to fds (*nfds of them), the rest are closed. A
+ * failed read leaves the control data unread: it is looked at only after
+ * success.
  */
-static ssize_t recv_reply(int fd, uint8_t *buf)
+static ssize_t recv_reply(int fd, uint8_t *buf, int *fds, int max, int *nfds)
 {
 	union {
 		struct cmsghdr h;
@@ -87,6 +61,7 @@ static ssize_t recv_reply(int fd, uint8_t *buf)
 	struct iovec iov = {.iov_base = buf, .iov_len = CTL_MAX};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = oob.b, .msg_controllen = sizeof(oob.b)};
 	ssize_t n;
+	*nfds = 0;
 	do
 		n = recvmsg(fd, &mh, MSG_CMSG_CLOEXEC);
 	while (n < 0 && errno == EINTR);
@@ -96,12 +71,26 @@ static ssize_t recv_reply(int fd, uint8_t *buf)
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
 		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
 			continue;
-		int *fds = (int *)CMSG_DATA(c);
-		for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++)
-			close(fds[i]);
+		int got[4];
+		size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		if (k > 4)
+			k = 4;
+		memcpy(got, CMSG_DATA(c), k * sizeof(int));
+		for (size_t i = 0; i < k; i++) {
+			if (*nfds < max)
+				fds[(*nfds)++] = got[i];
+			else
+				close(got[i]);
+		}
 	}
 	errno = e;
 	return n;
+}
+
+static void close_fds(int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		close(fds[i]);
 }
 
 /* The DAT status of a failed reply as an errno value. */
@@ -112,7 +101,7 @@ static int status_errno(uint32_t st)
 	case 2: return EBUSY;   /* INVALID_STATE: in use */
 	case 3: return EINVAL;  /* INVALID_PARAMETER */
 	case 4: return ENOMEM;  /* INSUFFICIENT_RESOURCES */
-	case 5: return EADDRNOTAVAIL;
+	case 5: return EFAULT;  /* INVALID_ADDRESS */
 	case 6: return EACCES;  /* PROTECTION_VIOLATION */
 	case 7: return EOPNOTSUPP;
 	case 8: return EOPNOTSUPP;
@@ -121,15 +110,11 @@ static int status_errno(uint32_t st)
 	}
 }
 
-int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len, uint8_t *reply, size_t cap, size_t *got)
+/* exchange sends one request and reads its reply's header; the body is
+ * left in msg at *body (rest octets). Called with the session's lock. */
+static int exchange(int fd, uint32_t id, uint16_t op, const uint8_t *body, size_t len, uint8_t *msg, struct srn_r *r,
+		    int *fds, int max, int *nfds)
 {
-	if (len > CTL_MAX - CTL_HEADER)
-		return EINVAL;
-	uint8_t *msg = malloc(CTL_MAX);
-	if (!msg)
-		return ENOMEM;
-	pthread_mutex_lock(&s->mu);
-	uint32_t id = ++s->next_id;
 	memset(msg, 0, CTL_HEADER);
 	put16(msg, CTL_MAGIC);
 	put16(msg + 2, CTL_VERSION);
@@ -137,128 +122,202 @@ int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len
 	put32(msg + 8, id);
 	if (len)
 		memcpy(msg + CTL_HEADER, body, len);
-	int err = 0;
-	ssize_t n;
-	if (send(s->fd, msg, CTL_HEADER + len, MSG_NOSIGNAL) < 0) {
-		err = errno == EAGAIN ? ETIMEDOUT : ENODEV; /* the daemon is gone */
-		goto out;
+	*nfds = 0;
+	if (send(fd, msg, CTL_HEADER + len, MSG_NOSIGNAL) < 0)
+		return errno == EAGAIN ? ETIMEDOUT : ENODEV; /* the daemon is gone */
+	ssize_t n = recv_reply(fd, msg, fds, max, nfds);
+	if (n <= 0)
+		return n < 0 && errno == EAGAIN ? ETIMEDOUT : ENODEV;
+	r->p = msg;
+	r->end = msg + n;
+	r->bad = 0;
+	if (n < CTL_HEADER || srn_rn(r, 2) != CTL_MAGIC || srn_rn(r, 2) != CTL_VERSION || srn_rn(r, 2) != op)
+		return EPROTO;
+	srn_rn(r, 2); /* flags */
+	if (srn_rn(r, 4) != id)
+		return EPROTO;
+	uint32_t st = srn_rn(r, 4);
+	return st == STATUS_SUCCESS ? 0 : status_errno(st);
+}
+
+int srn_call_fds(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len, uint8_t *reply, size_t cap,
+		 size_t *got, int *fds, int max, int *nfds)
+{
+	if (len > CTL_MAX - CTL_HEADER)
+		return EINVAL;
+	uint8_t *msg = malloc(CTL_MAX);
+	if (!msg)
+		return ENOMEM;
+	struct srn_r r;
+	int err;
+	pthread_mutex_lock(&s->mu);
+	if (s->broken || getpid() != s->pid) {
+		/* A session whose reply never came is out of step with its
+		 * daemon for good; and a fork child's requests would be its
+		 * parent's (the daemon reaches the memory of the process that
+		 * opened the session). */
+		*nfds = 0;
+		err = ENODEV;
+	} else {
+		err = exchange(s->fd, ++s->next_id, op, body, len, msg, &r, fds, max, nfds);
+		if (err == ETIMEDOUT || err == EPROTO)
+			s->broken = 1;
 	}
-	n = recv_reply(s->fd, msg);
-	if (n <= 0) {
-		err = n < 0 && errno == EAGAIN ? ETIMEDOUT : ENODEV;
-		goto out;
-	}
-	struct rd r = {.p = msg, .end = msg + n};
-	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != op) {
-		err = EPROTO;
-		goto out;
-	}
-	be(&r, 2);
-	if (be(&r, 4) != id) {
-		err = EPROTO;
-		goto out;
-	}
-	uint32_t st = be(&r, 4);
-	if (st != STATUS_SUCCESS) {
-		err = status_errno(st);
-		goto out;
-	}
-	size_t rest = r.end - r.p;
-	if (rest > cap) {
-		err = EPROTO;
-		goto out;
-	}
-	if (rest)
-		memcpy(reply, r.p, rest);
-	if (got)
-		*got = rest;
-out:
 	pthread_mutex_unlock(&s->mu);
+	if (!err) {
+		size_t rest = r.end - r.p;
+		if (rest > cap) {
+			err = EPROTO;
+		} else {
+			if (rest)
+				memcpy(reply, r.p, rest);
+			if (got)
+				*got = rest;
+		}
+	}
+	if (err) {
+		close_fds(fds, *nfds);
+		*nfds = 0;
+	}
 	free(msg);
 	return err;
 }
 
-int srn_hello(const char *client, struct srn_ia *ia)
+int srn_call(struct srn_session *s, uint16_t op, const uint8_t *body, size_t len, uint8_t *reply, size_t cap, size_t *got)
 {
+	int fds[4], n = 0;
+	int err = srn_call_fds(s, op, body, len, reply, cap, got, fds, 4, &n);
+	close_fds(fds, n);
+	return err;
+}
+
+uint8_t *srn_block(struct srn_session *s, uint32_t off, size_t n)
+{
+	if (!s->region || n == 0 || (uint64_t)off + n > s->region_len)
+		return NULL;
+	return s->region + off;
+}
+
+/*
+ * The daemon reaches registered memory through /proc/PID/mem. Under Yama's ptrace_scope 1 a daemon of our own uid
+ * without CAP_SYS_PTRACE may do so only when named our ptracer; a daemon
+ * of root needs nothing, and we leave the process's setting alone then.
+ */
+static void allow_daemon(int fd, struct srn_session *s)
+{
+	struct ucred cr;
+	socklen_t n = sizeof(cr);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &n) < 0)
+		return;
+	s->daemon_pid = cr.pid;
+	if (cr.uid != 0 && cr.pid > 0)
+		prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
+}
+
+int srn_session_open(struct srn_session *s, const char *client, struct srn_ia *ia, int map)
+{
+	memset(s, 0, sizeof(*s));
+	s->fd = s->doorbell = -1;
 	const char *path = srn_socket_path();
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		errno = ENAMETOOLONG;
-		return -1;
-	}
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return ENAMETOOLONG;
 	strcpy(sa.sun_path, path);
 	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
 	if (fd < 0)
-		return -1;
+		return errno;
 	/* A daemon that does not answer is no device, not a hang. */
 	struct timeval tmo = {.tv_sec = 10};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo));
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tmo, sizeof(tmo));
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0)
-		goto fail;
-
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int e = errno;
+		close(fd);
+		return e;
+	}
 	size_t cn = strlen(client);
 	if (cn > 256)
 		cn = 256;
-	uint8_t req[CTL_HEADER + 2 + 256];
-	memset(req, 0, CTL_HEADER);
-	put16(req, CTL_MAGIC);
-	put16(req + 2, CTL_VERSION);
-	put16(req + 4, OP_HELLO);
-	put32(req + 8, 1); /* request id */
-	put16(req + CTL_HEADER, cn);
-	memcpy(req + CTL_HEADER + 2, client, cn);
-	if (send(fd, req, CTL_HEADER + 2 + cn, MSG_NOSIGNAL) < 0)
-		goto fail;
+	uint8_t body[2 + 256];
+	put16(body, cn);
+	memcpy(body + 2, client, cn);
+	uint8_t *msg = malloc(CTL_MAX);
+	if (!msg) {
+		close(fd);
+		return ENOMEM;
+	}
+	struct srn_r r;
+	int fds[2], nfds = 0;
+	int err = exchange(fd, 1, OP_HELLO, body, 2 + cn, msg, &r, fds, 2, &nfds);
+	if (err == EPROTO || (err && err != ENODEV && err != ETIMEDOUT))
+		err = err == EPROTO ? EPROTO : ECONNREFUSED;
+	uint64_t region = 0;
+	if (!err) {
+		srn_rn(&r, 4); /* session */
+		str(&r, ia->name, sizeof(ia->name));
+		str(&r, ia->datapath, sizeof(ia->datapath));
+		str(&r, ia->address, sizeof(ia->address));
+		ia->max_ep = srn_rn(&r, 4);
+		ia->max_evd = srn_rn(&r, 4);
+		ia->max_evd_depth = srn_rn(&r, 4);
+		ia->max_lmr_size = srn_rn(&r, 8);
+		ia->max_private = srn_rn(&r, 2);
+		ia->max_sge = srn_rn(&r, 1);
+		ia->max_ird = srn_rn(&r, 2);
+		ia->max_ord = srn_rn(&r, 2);
+		ia->max_sq = srn_rn(&r, 4);
+		ia->max_rq = srn_rn(&r, 4);
+		str(&r, ia->version, sizeof(ia->version));
+		region = srn_rn(&r, 8);
+		if (r.bad || r.p != r.end)
+			err = EPROTO;
+	}
+	free(msg);
+	if (!err && map) {
+		/* the doorbell, then the region's memfd, sealed at its size */
+		struct stat st;
+		int seals = nfds == 2 ? fcntl(fds[1], F_GET_SEALS) : -1;
+		if (nfds != 2 || region == 0 || region > 1u << 31 || fstat(fds[1], &st) < 0 || (uint64_t)st.st_size < region ||
+		    seals < 0 || !(seals & F_SEAL_SHRINK)) {
+			err = EPROTO;
+		} else {
+			void *m = mmap(NULL, region, PROT_READ | PROT_WRITE, MAP_SHARED, fds[1], 0);
+			if (m == MAP_FAILED) {
+				err = errno;
+			} else {
+				/* a child has no session: the rings are not its */
+				madvise(m, region, MADV_DONTFORK);
+				s->region = m;
+				s->region_len = region;
+				s->doorbell = fds[0];
+				close(fds[1]);
+				nfds = 0;
+			}
+		}
+	}
+	close_fds(fds, nfds);
+	if (err) {
+		close(fd);
+		return err;
+	}
+	s->fd = fd;
+	s->pid = getpid();
+	s->next_id = 1; /* the Hello's */
+	pthread_mutex_init(&s->mu, NULL);
+	if (map)
+		allow_daemon(fd, s);
+	return 0;
+}
 
-	uint8_t *buf = malloc(CTL_MAX);
-	if (!buf)
-		goto fail;
-	ssize_t n = recv_reply(fd, buf);
-	if (n < 0) {
-		free(buf);
-		goto fail;
-	}
-	struct rd r = {.p = buf, .end = buf + (n > 0 ? n : 0)};
-	int err = EPROTO;
-	if (n < CTL_HEADER || be(&r, 2) != CTL_MAGIC || be(&r, 2) != CTL_VERSION || be(&r, 2) != OP_HELLO) {
-		free(buf);
-		errno = EPROTO;
-		goto fail;
-	}
-	be(&r, 2); /* flags */
-	be(&r, 4); /* id */
-	if (be(&r, 4) != STATUS_SUCCESS) {
-		free(buf);
-		errno = ECONNREFUSED;
-		goto fail;
-	}
-	be(&r, 4); /* session */
-	str(&r, ia->name, sizeof(ia->name));
-	str(&r, ia->datapath, sizeof(ia->datapath));
-	str(&r, ia->address, sizeof(ia->address));
-	ia->max_ep = be(&r, 4);
-	ia->max_evd = be(&r, 4);
-	ia->max_evd_depth = be(&r, 4);
-	ia->max_lmr_size = be(&r, 8);
-	ia->max_private = be(&r, 2);
-	ia->max_sge = be(&r, 1);
-	ia->max_ird = be(&r, 2);
-	ia->max_ord = be(&r, 2);
-	ia->max_sq = be(&r, 4);
-	ia->max_rq = be(&r, 4);
-	str(&r, ia->version, sizeof(ia->version));
-	be(&r, 8); /* region size */
-	if (r.bad || r.p != r.end) {
-		free(buf);
-		errno = err;
-		goto fail;
-	}
-	free(buf);
-	return fd;
-fail:;
-	int e = errno;
-	close(fd);
-	errno = e;
-	return -1;
+void srn_session_close(struct srn_session *s)
+{
+	if (s->region)
+		munmap(s->region, s->region_len);
+	if (s->doorbell >= 0)
+		close(s->doorbell);
+	if (s->fd >= 0)
+		close(s->fd);
+	pthread_mutex_destroy(&s->mu);
+	s->region = NULL;
+	s->fd = s->doorbell = -1;
 }

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <net/if.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -31,17 +32,32 @@ static void device_put(struct srn_device *d)
 		free(d);
 }
 
-/* The device's context: the verbs_context, whose ibv_context the
- * application holds, sits right before it (verbs.h: verbs_get_ctx). */
-struct srn_context {
-	struct verbs_context vctx;
-	struct srn_session sess; /* with the daemon */
-	struct srn_ia ia;        /* as the daemon said when the context was opened */
-};
-
 static struct srn_context *to_ctx(struct ibv_context *c)
 {
 	return (struct srn_context *)verbs_get_ctx(c);
+}
+
+struct srn_readyq *srn_readyq_of(struct srn_context *c, uint32_t queue, uint32_t off, uint32_t entries, int doorbell)
+{
+	if (queue >= SRN_MAX_QUEUES) {
+		close(doorbell);
+		return NULL;
+	}
+	struct srn_readyq *q = &c->queues[queue];
+	pthread_mutex_lock(&c->qmu);
+	if (q->doorbell >= 0) {
+		close(doorbell);
+		if (q->off != off || q->ring.entries != entries)
+			q = NULL; /* the daemon moved it */
+	} else if (srn_ring_init(&q->ring, &c->sess, off, entries, SRN_READY_SIZE)) {
+		close(doorbell);
+		q = NULL;
+	} else {
+		q->off = off;
+		q->doorbell = doorbell;
+	}
+	pthread_mutex_unlock(&c->qmu);
+	return q;
 }
 
 struct srn_session *srn_session_of(struct ibv_context *c)
@@ -75,15 +91,15 @@ EXPORT struct ibv_device **srn_get_device_list(int *num)
 		errno = ENOMEM;
 		return NULL;
 	}
-	int fd = srn_hello("libibverbs", &d->ia);
-	if (fd < 0) {
+	struct srn_session sess;
+	if (srn_session_open(&sess, "libibverbs", &d->ia, 0)) {
 		/* No daemon: no device, as with no RDMA NIC. */
 		free(d);
 		if (num)
 			*num = 0;
 		return list;
 	}
-	close(fd);
+	srn_session_close(&sess);
 	d->refs = 1;
 	d->dev.node_type = IBV_NODE_RNIC;
 	d->dev.transport_type = IBV_TRANSPORT_IWARP;
@@ -121,15 +137,19 @@ EXPORT __be64 srn_get_device_guid(struct ibv_device *dev)
 }
 SYMVER_DEFAULT(srn_get_device_guid, ibv_get_device_guid, "IBVERBS_1.1");
 
-/* The data path is not there yet: the context's operations fail. */
-static int no_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) { (void)cq; (void)n; (void)wc; return -1; }
-static int no_notify(struct ibv_cq *cq, int s) { (void)cq; (void)s; return EOPNOTSUPP; }
-static int no_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) { (void)qp; *bad = wr; return EOPNOTSUPP; }
-static int no_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) { (void)qp; *bad = wr; return EOPNOTSUPP; }
+/* What the library does not have fails cleanly. */
 static int no_post_srq(struct ibv_srq *s, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) { (void)s; *bad = wr; return EOPNOTSUPP; }
 static struct ibv_mw *no_alloc_mw(struct ibv_pd *pd, enum ibv_mw_type t) { (void)pd; (void)t; errno = EOPNOTSUPP; return NULL; }
 static int no_bind_mw(struct ibv_qp *qp, struct ibv_mw *mw, struct ibv_mw_bind *b) { (void)qp; (void)mw; (void)b; return EOPNOTSUPP; }
 static int no_dealloc_mw(struct ibv_mw *mw) { (void)mw; return EOPNOTSUPP; }
+
+/* The data path (cq.c, qp.c). */
+int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) HIDDEN;
+int srn_req_notify_cq(struct ibv_cq *cq, int solicited) HIDDEN;
+int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) HIDDEN;
+int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) HIDDEN;
+struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, uint32_t connect_evd, uint16_t ird,
+				uint16_t ord) HIDDEN;
 
 static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
 
@@ -144,39 +164,41 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		errno = ENOMEM;
 		return NULL;
 	}
-	c->sess.fd = srn_hello("libibverbs", &c->ia);
-	if (c->sess.fd < 0) {
-		int e = errno;
+	int err = srn_session_open(&c->sess, "libibverbs", &c->ia, 1);
+	if (err) {
 		free(c);
-		errno = e == ENOENT || e == ECONNREFUSED ? ENODEV : e;
+		errno = err == ENOENT || err == ECONNREFUSED ? ENODEV : err;
+		return NULL;
+	}
+	struct ibv_context *ctx = &c->vctx.context;
+	/* Asynchronous events: none are made yet; the fd can be polled. */
+	ctx->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (ctx->async_fd < 0) {
+		int e = errno;
+		srn_session_close(&c->sess);
+		free(c);
+		errno = e;
 		return NULL;
 	}
 	__atomic_add_fetch(&((struct srn_device *)dev)->refs, 1, __ATOMIC_ACQ_REL);
-	struct ibv_context *ctx = &c->vctx.context;
+	c->magic = SRN_CONTEXT_MAGIC;
 	c->vctx.sz = sizeof(c->vctx);
 	c->vctx.query_port = query_port_op;
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	ctx->device = dev;
 	ctx->cmd_fd = c->sess.fd;
-	c->sess.next_id = 1; /* the Hello's */
-	pthread_mutex_init(&c->sess.mu, NULL);
-	/* Asynchronous events: none are made yet; the fd can be polled. */
-	ctx->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (ctx->async_fd < 0) {
-		int e = errno;
-		close(c->sess.fd);
-		pthread_mutex_destroy(&c->sess.mu);
-		free(c);
-		device_put((struct srn_device *)dev);
-		errno = e;
-		return NULL;
+	pthread_mutex_init(&c->qmu, NULL);
+	for (int i = 0; i < SRN_MAX_QUEUES; i++) {
+		c->queues[i].doorbell = -1;
+		pthread_mutex_init(&c->queues[i].mu, NULL);
 	}
+	c->create_qp_cm = srn_create_qp_cm;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
-	ctx->ops.poll_cq = no_poll_cq;
-	ctx->ops.req_notify_cq = no_notify;
-	ctx->ops.post_send = no_post_send;
-	ctx->ops.post_recv = no_post_recv;
+	ctx->ops.poll_cq = srn_poll_cq;
+	ctx->ops.req_notify_cq = srn_req_notify_cq;
+	ctx->ops.post_send = srn_post_send;
+	ctx->ops.post_recv = srn_post_recv;
 	ctx->ops.post_srq_recv = no_post_srq;
 	ctx->ops.alloc_mw = no_alloc_mw;
 	ctx->ops.bind_mw = no_bind_mw;
@@ -192,8 +214,14 @@ EXPORT int srn_close_device(struct ibv_context *ctx)
 	struct srn_context *c = to_ctx(ctx);
 	struct srn_device *d = (struct srn_device *)ctx->device;
 	close(ctx->async_fd);
-	close(c->sess.fd);
-	pthread_mutex_destroy(&c->sess.mu);
+	for (int i = 0; i < SRN_MAX_QUEUES; i++) {
+		if (c->queues[i].doorbell >= 0)
+			close(c->queues[i].doorbell);
+		pthread_mutex_destroy(&c->queues[i].mu);
+	}
+	pthread_mutex_destroy(&c->qmu);
+	c->magic = 0;
+	srn_session_close(&c->sess);
 	pthread_mutex_destroy(&ctx->mutex);
 	free(c);
 	device_put(d);
@@ -253,6 +281,14 @@ static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_
 	a.active_speed = 1;  /* not a link the verbs speeds describe */
 	a.phys_state = 5;    /* LinkUp */
 	a.link_layer = IBV_LINK_LAYER_ETHERNET;
+	/* The LID: the low 16 bits of the interface's IPv4 address. A LID
+	 * names a port within a subnet, and an InfiniBand program that
+	 * connects its QPs with an address vector without a GRH (qperf)
+	 * gives the peer's LID alone: the daemon finds the peer at this
+	 * host's address with those 16 bits (ctl.ConnectQP). */
+	struct in_addr in = {0};
+	if (inet_pton(AF_INET, ia_of(ctx)->address, &in) == 1)
+		a.lid = ntohl(in.s_addr) & 0xffff;
 	/* a program built with a newer verbs.h passes a longer struct:
 	 * what this one does not know of is zero */
 	memset(attr, 0, len);
@@ -328,8 +364,8 @@ EXPORT int ibv_get_device_index(struct ibv_device *dev)
 
 /*
  * fork: nothing of the application's memory is shared with the daemon or
- * pinned (registration is to reach memory with process_vm_readv and
- * process_vm_writev, ../shared/notes/verbs.md), so a child needs no
+ * pinned (the daemon reaches registered memory through /proc/PID/mem,
+ * internal/procmem), so a child needs no
  * preparation: fork support is not needed, and asking for it succeeds.
  */
 EXPORT int ibv_fork_init(void)
@@ -351,4 +387,36 @@ EXPORT int ibv_dontfork_range(void *base, size_t size)
 EXPORT int ibv_dofork_range(void *base, size_t size)
 {
 	return 0;
+}
+
+static void gid_entry(struct ibv_context *ctx, struct ibv_gid_entry *e)
+{
+	memset(e, 0, sizeof(*e));
+	srn_query_gid(ctx, 1, 0, &e->gid);
+	e->port_num = 1;
+	e->gid_type = IBV_GID_TYPE_IB; /* what the kernel reports of an iWARP device's */
+	e->ndev_ifindex = if_nametoindex(ia_of(ctx)->name);
+}
+
+/* The GID table: one entry, the interface's address (srn_query_gid). */
+EXPORT int _ibv_query_gid_ex(struct ibv_context *ctx, uint32_t port, uint32_t index, struct ibv_gid_entry *entry,
+			     uint32_t flags, size_t entry_size)
+{
+	if (!ctx || !entry || flags || entry_size < sizeof(*entry))
+		return EINVAL;
+	if (port != 1 || index != 0)
+		return ENODATA;
+	gid_entry(ctx, entry);
+	return 0;
+}
+
+EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *entries, size_t max, uint32_t flags,
+				    size_t entry_size)
+{
+	if (!ctx || (max && !entries) || flags || entry_size < sizeof(*entries))
+		return -EINVAL;
+	if (max < 1)
+		return -EINVAL;
+	gid_entry(ctx, entries);
+	return 1;
 }

@@ -13,8 +13,6 @@
 
 EXPORT long __ioctl_final_num_attrs(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long __verbs_log(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long _ibv_query_gid_ex(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long _ibv_query_gid_table(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *_verbs_init_and_alloc_context(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long execute_ioctl(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void srn_stub_ibv_ack_async_event_IBVERBS_1_0(void) {}
@@ -23,8 +21,6 @@ EXPORT void srn_stub_ibv_ack_async_event_IBVERBS_1_1(void) {}
 SYMVER(srn_stub_ibv_ack_async_event_IBVERBS_1_1, ibv_ack_async_event, "@@IBVERBS_1.1");
 EXPORT void srn_stub_ibv_ack_cq_events_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_ack_cq_events_IBVERBS_1_0, ibv_ack_cq_events, "@IBVERBS_1.0");
-EXPORT void srn_stub_ibv_ack_cq_events_IBVERBS_1_1(void) {}
-SYMVER(srn_stub_ibv_ack_cq_events_IBVERBS_1_1, ibv_ack_cq_events, "@@IBVERBS_1.1");
 EXPORT void *srn_stub_ibv_alloc_pd_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_alloc_pd_IBVERBS_1_0, ibv_alloc_pd, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_attach_mcast_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -101,15 +97,10 @@ SYMVER(srn_stub_ibv_create_ah_IBVERBS_1_0, ibv_create_ah, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_create_ah_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_create_ah_IBVERBS_1_1, ibv_create_ah, "@@IBVERBS_1.1");
 EXPORT void *ibv_create_ah_from_wc(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_create_comp_channel(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *srn_stub_ibv_create_cq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_create_cq_IBVERBS_1_0, ibv_create_cq, "@IBVERBS_1.0");
-EXPORT void *srn_stub_ibv_create_cq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
-SYMVER(srn_stub_ibv_create_cq_IBVERBS_1_1, ibv_create_cq, "@@IBVERBS_1.1");
 EXPORT void *srn_stub_ibv_create_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_create_qp_IBVERBS_1_0, ibv_create_qp, "@IBVERBS_1.0");
-EXPORT void *srn_stub_ibv_create_qp_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
-SYMVER(srn_stub_ibv_create_qp_IBVERBS_1_1, ibv_create_qp, "@@IBVERBS_1.1");
 EXPORT void *srn_stub_ibv_create_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_create_srq_IBVERBS_1_0, ibv_create_srq, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_create_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
@@ -118,21 +109,14 @@ EXPORT long srn_stub_ibv_dealloc_pd_IBVERBS_1_0(void) { errno = EOPNOTSUPP; retu
 SYMVER(srn_stub_ibv_dealloc_pd_IBVERBS_1_0, ibv_dealloc_pd, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_dereg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_dereg_mr_IBVERBS_1_0, ibv_dereg_mr, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_dereg_mr_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_dereg_mr_IBVERBS_1_1, ibv_dereg_mr, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_destroy_ah_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_destroy_ah_IBVERBS_1_0, ibv_destroy_ah, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_destroy_ah_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_destroy_ah_IBVERBS_1_1, ibv_destroy_ah, "@@IBVERBS_1.1");
-EXPORT long ibv_destroy_comp_channel(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long srn_stub_ibv_destroy_cq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_destroy_cq_IBVERBS_1_0, ibv_destroy_cq, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_destroy_cq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_destroy_cq_IBVERBS_1_1, ibv_destroy_cq, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_destroy_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_destroy_qp_IBVERBS_1_0, ibv_destroy_qp, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_destroy_qp_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_destroy_qp_IBVERBS_1_1, ibv_destroy_qp, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_destroy_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_destroy_srq_IBVERBS_1_0, ibv_destroy_srq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_destroy_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -149,8 +133,6 @@ EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP;
 SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_1, ibv_get_async_event, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_0, ibv_get_cq_event, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_1, ibv_get_cq_event, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_get_device_guid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_device_guid_IBVERBS_1_0, ibv_get_device_guid, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_get_device_list_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
@@ -165,8 +147,6 @@ EXPORT void *ibv_import_pd(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long ibv_init_ah_from_wc(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long srn_stub_ibv_modify_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_modify_qp_IBVERBS_1_0, ibv_modify_qp, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_modify_qp_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_modify_qp_IBVERBS_1_1, ibv_modify_qp, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_modify_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_modify_srq_IBVERBS_1_0, ibv_modify_srq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_modify_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -185,8 +165,6 @@ EXPORT long srn_stub_ibv_query_port_IBVERBS_1_0(void) { errno = EOPNOTSUPP; retu
 SYMVER(srn_stub_ibv_query_port_IBVERBS_1_0, ibv_query_port, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_qp_IBVERBS_1_0, ibv_query_qp, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_query_qp_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-SYMVER(srn_stub_ibv_query_qp_IBVERBS_1_1, ibv_query_qp, "@@IBVERBS_1.1");
 EXPORT long ibv_query_qp_data_in_order(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_0, ibv_query_srq, "@IBVERBS_1.0");
@@ -198,10 +176,6 @@ EXPORT long ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return EOPNOTS
 EXPORT void *ibv_reg_dmabuf_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_reg_mr_IBVERBS_1_0, ibv_reg_mr, "@IBVERBS_1.0");
-EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return NULL; }
-SYMVER(srn_stub_ibv_reg_mr_IBVERBS_1_1, ibv_reg_mr, "@@IBVERBS_1.1");
-EXPORT void *ibv_reg_mr_iova(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT void *ibv_reg_mr_iova2(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long srn_stub_ibv_register_driver_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_register_driver_IBVERBS_1_1, ibv_register_driver, "@IBVERBS_1.1");
 EXPORT long ibv_rereg_mr(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }

@@ -1,12 +1,35 @@
 /*
  * softrnic's librdmacm.so.1: the RDMA connection manager's ABI of Debian's
- * rdma-core over softrnicd (issue 22). So far its export table and the
- * event names; every other call fails with EOPNOTSUPP (stubs.c, generated:
- * -1 with errno set, or NULL).
+ * rdma-core over softrnicd (issue 22), with no kernel module.
+ *
+ * Every id is bound to the process's one context of the one device (as
+ * rdma-core's ids are to the device their address names): a context of
+ * softrnic's libibverbs, whose daemon session carries the ids' endpoints,
+ * listeners and events. An event channel is an EVD of connection events
+ * and connection requests in that session, and a queue of the events
+ * this library makes itself (address and route resolution); its
+ * descriptor is an epoll set over both, so that an application can poll
+ * it and make it non-blocking as a kernel channel's.
+ *
+ * What the calls do, in DAT's terms: rdma_listen is a PSP; a connection
+ * request is a CR, accepted or rejected on it; rdma_connect connects the
+ * QP's endpoint; iWARP resolves no route, so route resolution is
+ * immediate, and address resolution checks that the host has a route.
  */
-#include <rdma/rdma_cma.h>
+#define _GNU_SOURCE
+#include "srn.h"
 
-#define EXPORT __attribute__((visibility("default")))
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 EXPORT const char *rdma_event_str(enum rdma_cm_event_type event)
 {
@@ -31,4 +54,878 @@ EXPORT const char *rdma_event_str(enum rdma_cm_event_type event)
 	if ((int)event < 0 || (int)event >= (int)(sizeof(names) / sizeof(names[0])) || !names[event])
 		return "UNKNOWN EVENT";
 	return names[event];
+}
+
+enum {
+	EVD_DEPTH = 1024,
+	CONNECT_TIMEOUT_US = 15000000, /* then UNREACHABLE */
+	/* A peer that refuses (nothing listens yet) is tried again for this
+	 * long: perftest's server listens for its test connection only after
+	 * the exchange that sends the client to connect it (ctl.Connect). */
+	RETRY_REFUSED_US = 5000000,
+	MAX_PDATA = 512,
+};
+
+struct cm_event {
+	struct rdma_cm_event ev;
+	struct cm_event *next;
+	uint8_t pdata[MAX_PDATA];
+};
+
+struct cm_id;
+
+struct cm_channel {
+	struct rdma_event_channel ch; /* the epoll set */
+	int local;                    /* eventfd: events this library made */
+	struct srn_evd evd;
+	struct cm_event *head, *tail; /* made here, not yet returned */
+	struct cm_id *ids;
+	int destroyed; /* rdma_destroy_event_channel came while ids had it */
+};
+
+struct cm_id {
+	struct rdma_cm_id id;
+	struct cm_channel *chan;
+	struct cm_id *next;
+	uint32_t psp; /* listening */
+	int reserve;  /* a TCP socket bound to the id's port until it listens, or -1 */
+	uint32_t cr;  /* a connection request to accept or reject */
+	int events;   /* returned and not acknowledged */
+	int addr_resolved;
+	int dead;
+};
+
+/* One lock for the library's ids, channels and the shared context; a
+ * waiter for acknowledgements sleeps on acked. It is never held across
+ * a call into libibverbs that takes a lock of its own beyond the
+ * session's, which nothing here holds while calling back. */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t acked = PTHREAD_COND_INITIALIZER;
+static struct ibv_context *verbs; /* the process's context, open for its life */
+
+/* context opens the shared context of the device on first use; mu held. */
+static struct ibv_context *context(void)
+{
+	if (verbs)
+		return verbs;
+	int n = 0;
+	struct ibv_device **list = ibv_get_device_list(&n);
+	if (!list)
+		return NULL;
+	if (n < 1) {
+		ibv_free_device_list(list);
+		errno = ENODEV;
+		return NULL;
+	}
+	verbs = ibv_open_device(list[0]);
+	int e = errno;
+	ibv_free_device_list(list);
+	errno = e;
+	if (verbs && !srn_ctx(verbs)) {
+		/* not our libibverbs: nothing here can drive it */
+		ibv_close_device(verbs);
+		verbs = NULL;
+		errno = ENODEV;
+	}
+	return verbs;
+}
+
+static struct srn_context *ctx(void) { return srn_ctx(verbs); }
+
+static void signal_fd(int fd)
+{
+	uint64_t one = 1;
+	ssize_t n = write(fd, &one, sizeof(one));
+	(void)n; /* a full counter is readable already */
+}
+
+/* post queues an event this library made; mu held. */
+static void post(struct cm_channel *c, struct cm_event *e)
+{
+	e->next = NULL;
+	if (c->tail)
+		c->tail->next = e;
+	else
+		c->head = e;
+	c->tail = e;
+	signal_fd(c->local);
+}
+
+static struct cm_event *new_event(struct cm_id *id, enum rdma_cm_event_type type, int status)
+{
+	struct cm_event *e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->ev.id = &id->id;
+	e->ev.event = type;
+	e->ev.status = status;
+	return e;
+}
+
+static struct cm_channel *make_channel(void)
+{
+	pthread_mutex_lock(&mu);
+	struct cm_channel *c = NULL;
+	if (!context())
+		goto out;
+	c = calloc(1, sizeof(*c));
+	if (!c) {
+		errno = ENOMEM;
+		goto out;
+	}
+	int err = srn_evd_create(&ctx()->sess, EVD_DEPTH, SRN_EVD_CONNECTION | SRN_EVD_CR, &c->evd);
+	if (err) {
+		free(c);
+		c = NULL;
+		errno = err;
+		goto out;
+	}
+	c->ch.fd = epoll_create1(EPOLL_CLOEXEC);
+	c->local = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, b = {.events = EPOLLIN, .data.u32 = 1};
+	if (c->ch.fd < 0 || c->local < 0 || epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->evd.notify, &a) < 0 ||
+	    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->local, &b) < 0) {
+		err = errno;
+		if (c->ch.fd >= 0)
+			close(c->ch.fd);
+		if (c->local >= 0)
+			close(c->local);
+		srn_evd_free(&c->evd);
+		free(c);
+		c = NULL;
+		errno = err;
+		goto out;
+	}
+	srn_evd_arm(&c->evd);
+out:
+	pthread_mutex_unlock(&mu);
+	return c;
+}
+
+EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
+{
+	struct cm_channel *c = make_channel();
+	return c ? &c->ch : NULL;
+}
+
+static void free_channel(struct cm_channel *c)
+{
+	srn_evd_free(&c->evd);
+	close(c->ch.fd);
+	close(c->local);
+	while (c->head) {
+		struct cm_event *e = c->head;
+		c->head = e->next;
+		free(e);
+	}
+	free(c);
+}
+
+/* rdma_destroy_event_channel: ids must be destroyed first; a program
+ * that destroys them after (perftest does on its error paths) finds its
+ * ids still whole, and the channel goes with the last of them. */
+EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *ch)
+{
+	if (!ch)
+		return;
+	struct cm_channel *c = (struct cm_channel *)ch;
+	pthread_mutex_lock(&mu);
+	int busy = c->ids != NULL;
+	c->destroyed = busy;
+	pthread_mutex_unlock(&mu);
+	if (!busy)
+		free_channel(c);
+}
+
+static struct cm_id *to_id(struct rdma_cm_id *id) { return (struct cm_id *)id; }
+
+static struct cm_id *new_id(struct cm_channel *c, void *context, enum rdma_port_space ps)
+{
+	struct cm_id *i = calloc(1, sizeof(*i));
+	if (!i)
+		return NULL;
+	i->id.verbs = verbs;
+	i->id.channel = &c->ch;
+	i->id.context = context;
+	i->id.ps = ps;
+	i->id.port_num = 1;
+	i->id.qp_type = IBV_QPT_RC;
+	i->chan = c;
+	i->reserve = -1;
+	i->next = c->ids;
+	c->ids = i;
+	return i;
+}
+
+EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id, void *context, enum rdma_port_space ps)
+{
+	if (!id || ps != RDMA_PS_TCP) {
+		errno = !id ? EINVAL : EPROTONOSUPPORT; /* iWARP connects reliable connected QPs over TCP only */
+		return -1;
+	}
+	struct cm_channel *c = (struct cm_channel *)ch;
+	if (!c) {
+		/* A synchronous id (no channel), whose calls would wait for
+		 * their own events, is not offered: refused, rather than an
+		 * id whose resolve and connect return before they are done. */
+		errno = EOPNOTSUPP;
+		return -1;
+	}
+	pthread_mutex_lock(&mu);
+	struct cm_id *i = new_id(c, context, ps);
+	pthread_mutex_unlock(&mu);
+	if (!i) {
+		errno = ENOMEM;
+		return -1;
+	}
+	*id = &i->id;
+	return 0;
+}
+
+static int call_handle(uint16_t op, uint32_t h)
+{
+	uint8_t b[4];
+	srn_put32(b, h);
+	return srn_call(&ctx()->sess, op, b, sizeof(b), NULL, 0, NULL);
+}
+
+static int fail(int err)
+{
+	errno = err;
+	return -1;
+}
+
+static int reject(uint32_t cr, const void *pdata, uint8_t len)
+{
+	struct srn_w w = {0};
+	srn_wn(&w, cr, 4);
+	srn_wbytes(&w, pdata, len);
+	return srn_call(&ctx()->sess, SRN_OP_REJECT_CR, w.b, w.n, NULL, 0, NULL);
+}
+
+EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	pthread_mutex_lock(&mu);
+	i->dead = 1;
+	while (i->events)
+		pthread_cond_wait(&acked, &mu);
+	struct cm_channel *c = i->chan;
+	for (struct cm_id **p = &c->ids; *p; p = &(*p)->next) {
+		if (*p == i) {
+			*p = i->next;
+			break;
+		}
+	}
+	/* events made here for it and not yet returned go with it */
+	struct cm_event **q = &c->head;
+	c->tail = NULL;
+	while (*q) {
+		if ((*q)->ev.id == id || (*q)->ev.listen_id == id) {
+			struct cm_event *e = *q;
+			*q = e->next;
+			free(e);
+			continue;
+		}
+		c->tail = *q;
+		q = &(*q)->next;
+	}
+	int last = c->destroyed && !c->ids;
+	pthread_mutex_unlock(&mu);
+	if (i->psp)
+		call_handle(SRN_OP_FREE_PSP, i->psp);
+	if (i->reserve >= 0)
+		close(i->reserve);
+	if (i->cr)
+		reject(i->cr, NULL, 0);
+	if (last)
+		free_channel(c);
+	free(i);
+	return 0;
+}
+
+/* local_ok: an address this host's device has (its interface's, or
+ * any). */
+static int local_ok(const struct sockaddr_in *a)
+{
+	struct in_addr mine = {0};
+	inet_pton(AF_INET, ctx()->ia.address, &mine);
+	return a->sin_addr.s_addr == htonl(INADDR_ANY) || a->sin_addr.s_addr == mine.s_addr;
+}
+
+static void set_src(struct cm_id *i, uint16_t port_be)
+{
+	struct sockaddr_in *s = &i->id.route.addr.src_sin;
+	s->sin_family = AF_INET;
+	inet_pton(AF_INET, ctx()->ia.address, &s->sin_addr);
+	s->sin_port = port_be;
+}
+
+EXPORT int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
+{
+	if (!id || !addr)
+		return fail(EINVAL);
+	if (addr->sa_family != AF_INET)
+		return fail(EAFNOSUPPORT); /* the device has an IPv4 address */
+	struct sockaddr_in a;
+	memcpy(&a, addr, sizeof(a));
+	if (!local_ok(&a))
+		return fail(EADDRNOTAVAIL);
+	/*
+	 * The port is reserved at once, as the kernel's RDMA-CM does (qperf
+	 * binds port 0 and asks which it got before it listens): a TCP
+	 * socket of this process, in the daemon's network namespace, holds
+	 * it until rdma_listen hands it to the daemon's listener.
+	 */
+	struct cm_id *i = to_id(id);
+	if (i->reserve >= 0 || i->psp)
+		return fail(EINVAL); /* bound already */
+	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return -1;
+	/* Connections an earlier listener on the port accepted do not
+	 * hold it (as they do not hold the kernel RDMA-CM's); a listener
+	 * does. */
+	int one = 1;
+	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+	struct sockaddr_in any = a;
+	any.sin_addr.s_addr = htonl(INADDR_ANY);
+	socklen_t n = sizeof(any);
+	if (bind(s, (struct sockaddr *)&any, sizeof(any)) < 0 || getsockname(s, (struct sockaddr *)&any, &n) < 0) {
+		int e = errno;
+		close(s);
+		return fail(e);
+	}
+	a.sin_port = any.sin_port;
+	i->reserve = s;
+	memcpy(&id->route.addr.src_sin, &a, sizeof(a));
+	return 0;
+}
+
+EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	if (i->psp)
+		return fail(EINVAL);
+	uint16_t port = ntohs(id->route.addr.src_sin.sin_port);
+	if (id->route.addr.src_addr.sa_family != AF_INET || port == 0)
+		return fail(EINVAL); /* rdma_bind_addr first */
+	struct srn_w w = {0};
+	srn_wn(&w, port, 2);
+	srn_wn(&w, i->chan->evd.h, 4);
+	srn_wn(&w, 0, 1); /* the application makes the QP */
+	uint8_t r[4];
+	size_t got = 0;
+	if (i->reserve >= 0) {
+		close(i->reserve); /* the daemon's listener takes the port */
+		i->reserve = -1;
+	}
+	int err = srn_call(&ctx()->sess, SRN_OP_CREATE_PSP, w.b, w.n, r, sizeof(r), &got);
+	if (!err && got != sizeof(r))
+		err = EPROTO;
+	if (err)
+		return fail(err == EFAULT ? EADDRINUSE : err);
+	i->psp = srn_get32(r);
+	return 0;
+}
+
+/* routable asks this host's routing whether dst can be reached, as the
+ * kernel's address resolution does: 0 or an errno value. */
+static int routable(const struct sockaddr_in *dst)
+{
+	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+	if (s < 0)
+		return errno;
+	int err = connect(s, (const struct sockaddr *)dst, sizeof(*dst)) < 0 ? errno : 0;
+	close(s);
+	return err;
+}
+
+EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst, int timeout_ms)
+{
+	if (!id || !dst)
+		return fail(EINVAL);
+	if (dst->sa_family != AF_INET || (src && src->sa_family != AF_INET))
+		return fail(EAFNOSUPPORT);
+	if (src && rdma_bind_addr(id, src))
+		return -1;
+	struct cm_id *i = to_id(id);
+	struct sockaddr_in d;
+	memcpy(&d, dst, sizeof(d));
+	if (d.sin_port == 0)
+		d.sin_port = htons(1); /* routing looks at the address only */
+	int err = routable(&d);
+	pthread_mutex_lock(&mu);
+	memcpy(&id->route.addr.dst_sin, dst, sizeof(d));
+	set_src(i, id->route.addr.src_sin.sin_port);
+	i->addr_resolved = !err;
+	struct cm_event *e = new_event(i, err ? RDMA_CM_EVENT_ADDR_ERROR : RDMA_CM_EVENT_ADDR_RESOLVED, -err);
+	if (e)
+		post(i->chan, e);
+	pthread_mutex_unlock(&mu);
+	return e ? 0 : fail(ENOMEM);
+}
+
+EXPORT int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	pthread_mutex_lock(&mu);
+	int ok = i->addr_resolved;
+	struct cm_event *e = ok ? new_event(i, RDMA_CM_EVENT_ROUTE_RESOLVED, 0) : NULL;
+	if (e)
+		post(i->chan, e);
+	pthread_mutex_unlock(&mu);
+	if (!ok)
+		return fail(EINVAL);
+	return e ? 0 : fail(ENOMEM);
+}
+
+static int create_qp(struct cm_id *i, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	if (!pd)
+		pd = i->id.pd;
+	if (!pd || !attr || pd->context != verbs || !srn_ctx(pd->context))
+		return fail(EINVAL); /* a PD of the id's context */
+	if (i->id.qp)
+		return fail(EBUSY);
+	const struct srn_ia *ia = &ctx()->ia;
+	struct ibv_qp *qp = ctx()->create_qp_cm(pd, attr, i->chan->evd.h, ia->max_ird, ia->max_ord);
+	if (!qp)
+		return -1;
+	i->id.qp = qp;
+	i->id.send_cq = attr->send_cq;
+	i->id.recv_cq = attr->recv_cq;
+	return 0;
+}
+
+EXPORT int rdma_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
+{
+	if (!id)
+		return fail(EINVAL);
+	return create_qp(to_id(id), pd, attr);
+}
+
+EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *ax)
+{
+	if (!id || !ax)
+		return fail(EINVAL);
+	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))
+		return fail(EOPNOTSUPP); /* the extended QP's send operations are not offered */
+	if ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ax->create_flags)
+		return fail(EOPNOTSUPP);
+	struct ibv_qp_init_attr a = {.qp_context = ax->qp_context, .send_cq = ax->send_cq, .recv_cq = ax->recv_cq,
+				     .srq = ax->srq, .cap = ax->cap, .qp_type = ax->qp_type, .sq_sig_all = ax->sq_sig_all};
+	int r = create_qp(to_id(id), ax->comp_mask & IBV_QP_INIT_ATTR_PD ? ax->pd : NULL, &a);
+	if (!r)
+		ax->cap = a.cap;
+	return r;
+}
+
+EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
+{
+	if (id && id->qp) {
+		ibv_destroy_qp(id->qp);
+		id->qp = NULL;
+	}
+}
+
+static void addr_str(const struct sockaddr_in *a, char *buf, size_t n)
+{
+	char ip[INET_ADDRSTRLEN] = "";
+	inet_ntop(AF_INET, &a->sin_addr, ip, sizeof(ip));
+	snprintf(buf, n, "%s:%u", ip, ntohs(a->sin_port));
+}
+
+EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+	if (!id || !id->qp)
+		return fail(EINVAL); /* the QP is the endpoint that connects */
+	char addr[64];
+	addr_str(&id->route.addr.dst_sin, addr, sizeof(addr));
+	struct srn_w w = {0};
+	srn_wn(&w, id->qp->handle, 4);
+	srn_wbytes(&w, addr, strlen(addr));
+	srn_wbytes(&w, param ? param->private_data : NULL, param && param->private_data ? param->private_data_len : 0);
+	srn_wn(&w, CONNECT_TIMEOUT_US, 8);
+	srn_wn(&w, RETRY_REFUSED_US, 8);
+	int err = srn_call(&ctx()->sess, SRN_OP_CONNECT, w.b, w.n, NULL, 0, NULL);
+	return err ? fail(err) : 0;
+}
+
+EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
+{
+	if (!id || !id->qp)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	if (!i->cr)
+		return fail(EINVAL);
+	struct srn_w w = {0};
+	srn_wn(&w, i->cr, 4);
+	srn_wn(&w, id->qp->handle, 4);
+	srn_wbytes(&w, param ? param->private_data : NULL, param && param->private_data ? param->private_data_len : 0);
+	int err = srn_call(&ctx()->sess, SRN_OP_ACCEPT_CR, w.b, w.n, NULL, 0, NULL);
+	if (err)
+		return fail(err);
+	i->cr = 0;
+	return 0;
+}
+
+EXPORT int rdma_reject(struct rdma_cm_id *id, const void *pdata, uint8_t len)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	if (!i->cr)
+		return fail(EINVAL);
+	int err = reject(i->cr, pdata, len);
+	i->cr = 0;
+	return err ? fail(err) : 0;
+}
+
+EXPORT int rdma_disconnect(struct rdma_cm_id *id)
+{
+	if (!id || !id->qp)
+		return fail(EINVAL);
+	struct srn_w w = {0};
+	srn_wn(&w, id->qp->handle, 4);
+	srn_wn(&w, 1, 1); /* graceful */
+	int err = srn_call(&ctx()->sess, SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
+	if (err == EBUSY)
+		return 0; /* not connected (any more): nothing to end */
+	return err ? fail(err) : 0;
+}
+
+/* parse_addr reads "a.b.c.d:port". */
+static void parse_addr(const char *s, struct sockaddr_in *a)
+{
+	char ip[64];
+	snprintf(ip, sizeof(ip), "%s", s);
+	char *colon = strrchr(ip, ':');
+	memset(a, 0, sizeof(*a));
+	a->sin_family = AF_INET;
+	if (!colon)
+		return;
+	*colon = 0;
+	inet_pton(AF_INET, ip, &a->sin_addr);
+	a->sin_port = htons((uint16_t)atoi(colon + 1));
+}
+
+/* query_cr asks the daemon of a request: its private data into e, the
+ * addresses into the new id. */
+static int query_cr(uint32_t cr, struct cm_event *e, struct rdma_cm_id *id)
+{
+	uint8_t b[4], r[1024];
+	srn_put32(b, cr);
+	size_t got = 0;
+	int err = srn_call(&ctx()->sess, SRN_OP_QUERY_CR, b, 4, r, sizeof(r), &got);
+	if (err)
+		return err;
+	struct srn_r rd = {.p = r, .end = r + got};
+	size_t n = 0;
+	char remote[64] = "", local[64] = "";
+	srn_rbytes(&rd, e->pdata, sizeof(e->pdata), &n);
+	size_t rn = 0, ln = 0;
+	srn_rbytes(&rd, remote, sizeof(remote) - 1, &rn);
+	srn_rbytes(&rd, local, sizeof(local) - 1, &ln);
+	remote[rn] = local[ln] = 0;
+	if (rd.bad)
+		return EPROTO;
+	e->ev.param.conn.private_data = n ? e->pdata : NULL;
+	e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
+	parse_addr(remote, &id->route.addr.dst_sin);
+	parse_addr(local, &id->route.addr.src_sin);
+	return 0;
+}
+
+/* established fills an established event with the peer's private data,
+ * and the id with the connection's addresses (QueryEP). */
+static void established(struct rdma_cm_id *id, uint32_t ep, struct cm_event *e)
+{
+	uint8_t b[4], r[1500];
+	srn_put32(b, ep);
+	size_t got = 0;
+	if (srn_call(&ctx()->sess, SRN_OP_QUERY_EP, b, 4, r, sizeof(r), &got))
+		return;
+	struct srn_r rd = {.p = r, .end = r + got};
+	srn_take(&rd, 1 + 33); /* state, attributes */
+	char local[64], remote[64];
+	size_t ln = 0, rn = 0;
+	srn_rbytes(&rd, local, sizeof(local) - 1, &ln);
+	srn_rbytes(&rd, remote, sizeof(remote) - 1, &rn);
+	local[ln] = remote[rn] = 0;
+	if (!rd.bad && ln && rn) {
+		parse_addr(local, &id->route.addr.src_sin);
+		parse_addr(remote, &id->route.addr.dst_sin);
+	}
+	size_t n = 0;
+	srn_rbytes(&rd, e->pdata, sizeof(e->pdata), &n);
+	if (!rd.bad && n) {
+		e->ev.param.conn.private_data = e->pdata;
+		e->ev.param.conn.private_data_len = (uint8_t)(n > 255 ? 255 : n);
+	}
+}
+
+static struct cm_id *by_ep(struct cm_channel *c, uint32_t ep)
+{
+	for (struct cm_id *i = c->ids; i; i = i->next)
+		if (i->id.qp && i->id.qp->handle == ep && !i->dead)
+			return i;
+	return NULL;
+}
+
+static struct cm_id *by_port(struct cm_channel *c, uint16_t port_be)
+{
+	for (struct cm_id *i = c->ids; i; i = i->next)
+		if (i->psp && i->id.route.addr.src_sin.sin_port == port_be && !i->dead)
+			return i;
+	return NULL;
+}
+
+/* translate makes the application's event of a daemon's; NULL when it
+ * concerns nothing the channel still has. mu held. */
+static struct cm_event *translate(struct cm_channel *c, const struct srn_eve *v)
+{
+	const struct srn_ia *ia = &ctx()->ia;
+	if (v->kind == SRN_EVENT_CR) {
+		struct cm_event *e = calloc(1, sizeof(*e));
+		struct cm_id *n = e ? new_id(c, NULL, RDMA_PS_TCP) : NULL;
+		if (!n || query_cr(v->handle, e, &n->id)) {
+			if (n) {
+				c->ids = n->next;
+				free(n);
+			}
+			free(e);
+			reject(v->handle, NULL, 0);
+			return NULL;
+		}
+		struct cm_id *l = by_port(c, n->id.route.addr.src_sin.sin_port);
+		if (!l) {
+			c->ids = n->next;
+			free(n);
+			free(e);
+			reject(v->handle, NULL, 0);
+			return NULL;
+		}
+		n->cr = v->handle;
+		n->id.context = l->id.context;
+		e->ev.id = &n->id;
+		e->ev.listen_id = &l->id;
+		e->ev.event = RDMA_CM_EVENT_CONNECT_REQUEST;
+		e->ev.param.conn.responder_resources = ia->max_ird > 255 ? 255 : ia->max_ird;
+		e->ev.param.conn.initiator_depth = ia->max_ord > 255 ? 255 : ia->max_ord;
+		return e;
+	}
+	if (v->kind != SRN_EVENT_CONNECTION)
+		return NULL;
+	struct cm_id *i = by_ep(c, v->ep);
+	if (!i)
+		return NULL;
+	enum rdma_cm_event_type t;
+	int status = 0;
+	switch (v->event) {
+	case SRN_EV_ESTABLISHED: t = RDMA_CM_EVENT_ESTABLISHED; break;
+	case SRN_EV_PEER_REJECTED:
+	case SRN_EV_NON_PEER_REJECTED: t = RDMA_CM_EVENT_REJECTED; status = -ECONNREFUSED; break;
+	case SRN_EV_UNREACHABLE:
+	case SRN_EV_TIMED_OUT: t = RDMA_CM_EVENT_UNREACHABLE; status = -ETIMEDOUT; break;
+	case SRN_EV_DISCONNECTED:
+	case SRN_EV_BROKEN: t = RDMA_CM_EVENT_DISCONNECTED; break;
+	default: t = RDMA_CM_EVENT_CONNECT_ERROR; status = -ECONNABORTED; break;
+	}
+	struct cm_event *e = new_event(i, t, status);
+	if (e && t == RDMA_CM_EVENT_ESTABLISHED)
+		established(&i->id, v->ep, e);
+	return e;
+}
+
+/* next takes the channel's next event, or NULL (errno EAGAIN when there
+ * is none yet). mu held. */
+static struct cm_event *next(struct cm_channel *c)
+{
+	for (;;) {
+		if (c->head) {
+			struct cm_event *e = c->head;
+			c->head = e->next;
+			if (!c->head)
+				c->tail = NULL;
+			return e;
+		}
+		struct srn_eve v;
+		pthread_spin_lock(&c->evd.lock);
+		int r = srn_evd_next(&c->evd, &v);
+		pthread_spin_unlock(&c->evd.lock);
+		if (r < 0) {
+			errno = -r;
+			return NULL;
+		}
+		if (r == 0) {
+			if (!srn_evd_arm(&c->evd)) {
+				errno = EAGAIN;
+				return NULL;
+			}
+			continue; /* one raced in before the arm */
+		}
+		struct cm_event *e = translate(c, &v);
+		if (e)
+			return e;
+	}
+}
+
+static void drain(int fd)
+{
+	uint64_t v;
+	ssize_t n = read(fd, &v, sizeof(v));
+	(void)n;
+}
+
+EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **event)
+{
+	if (!ch || !event)
+		return fail(EINVAL);
+	struct cm_channel *c = (struct cm_channel *)ch;
+	int nonblock = fcntl(ch->fd, F_GETFL) & O_NONBLOCK;
+	for (;;) {
+		/* what woke the set is read first: an event that comes after
+		 * signals again */
+		drain(c->local);
+		drain(c->evd.notify);
+		pthread_mutex_lock(&mu);
+		struct cm_event *e = next(c);
+		int err = errno;
+		if (e) {
+			/* a connection request counts against its listener
+			 * only, as rdma-core's: the new id may be destroyed
+			 * before the event is acknowledged */
+			to_id(e->ev.listen_id ? e->ev.listen_id : e->ev.id)->events++;
+			/* the set stays readable while more wait */
+			if (c->head || srn_pending(&c->evd.ring))
+				signal_fd(c->local);
+		}
+		pthread_mutex_unlock(&mu);
+		if (e) {
+			*event = &e->ev;
+			return 0;
+		}
+		if (err != EAGAIN)
+			return fail(err);
+		if (nonblock)
+			return fail(EAGAIN);
+		struct epoll_event ev;
+		if (epoll_wait(ch->fd, &ev, 1, -1) < 0 && errno != EINTR)
+			return -1;
+	}
+}
+
+EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
+{
+	if (!event)
+		return fail(EINVAL);
+	pthread_mutex_lock(&mu);
+	to_id(event->listen_id ? event->listen_id : event->id)->events--;
+	pthread_cond_broadcast(&acked);
+	pthread_mutex_unlock(&mu);
+	free(event);
+	return 0;
+}
+
+/* Options of a kernel's id that change nothing here: type of service,
+ * address reuse, IPv6 only, ACK timeout. */
+EXPORT int rdma_set_option(struct rdma_cm_id *id, int level, int optname, void *optval, size_t optlen)
+{
+	if (!id || !optval)
+		return fail(EINVAL);
+	return 0;
+}
+
+/* rdma_establish: iWARP's connection is established by MPA, not by the
+ * application (it matters to IB's ready-to-use). */
+EXPORT int rdma_establish(struct rdma_cm_id *id)
+{
+	return id ? 0 : fail(EINVAL);
+}
+
+/* rdma_init_qp_attr: the state the id's QP is in, nothing the
+ * application needs to set. */
+EXPORT int rdma_init_qp_attr(struct rdma_cm_id *id, struct ibv_qp_attr *attr, int *mask)
+{
+	if (!id || !attr || !mask)
+		return fail(EINVAL);
+	memset(attr, 0, sizeof(*attr));
+	attr->qp_state = id->qp ? id->qp->state : IBV_QPS_INIT;
+	attr->qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+	*mask = IBV_QP_STATE | IBV_QP_ACCESS_FLAGS;
+	return 0;
+}
+
+EXPORT __be16 rdma_get_src_port(struct rdma_cm_id *id)
+{
+	return id && id->route.addr.src_addr.sa_family == AF_INET ? id->route.addr.src_sin.sin_port : 0;
+}
+
+EXPORT __be16 rdma_get_dst_port(struct rdma_cm_id *id)
+{
+	return id && id->route.addr.dst_addr.sa_family == AF_INET ? id->route.addr.dst_sin.sin_port : 0;
+}
+
+/* rdma_getaddrinfo: IPv4 names and services, for reliable connected QPs
+ * over the TCP port space. */
+EXPORT int rdma_getaddrinfo(const char *node, const char *service, const struct rdma_addrinfo *hints,
+			    struct rdma_addrinfo **res)
+{
+	if (!res || (!node && !service))
+		return fail(EINVAL);
+	int passive = hints && (hints->ai_flags & RAI_PASSIVE);
+	struct addrinfo h = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM};
+	if (passive)
+		h.ai_flags |= AI_PASSIVE;
+	if (hints && (hints->ai_flags & RAI_NUMERICHOST))
+		h.ai_flags |= AI_NUMERICHOST;
+	struct addrinfo *ai = NULL;
+	int gai = getaddrinfo(node, service, &h, &ai);
+	if (gai)
+		return fail(gai == EAI_SYSTEM ? errno : EADDRNOTAVAIL);
+	struct rdma_addrinfo *r = calloc(1, sizeof(*r));
+	struct sockaddr_in *a = malloc(sizeof(*a));
+	if (!r || !a) {
+		freeaddrinfo(ai);
+		free(r);
+		free(a);
+		return fail(ENOMEM);
+	}
+	memcpy(a, ai->ai_addr, sizeof(*a));
+	freeaddrinfo(ai);
+	r->ai_flags = hints ? hints->ai_flags : 0;
+	r->ai_family = AF_INET;
+	r->ai_qp_type = IBV_QPT_RC;
+	r->ai_port_space = RDMA_PS_TCP;
+	if (passive) {
+		r->ai_src_addr = (struct sockaddr *)a;
+		r->ai_src_len = sizeof(*a);
+	} else {
+		r->ai_dst_addr = (struct sockaddr *)a;
+		r->ai_dst_len = sizeof(*a);
+	}
+	*res = r;
+	return 0;
+}
+
+EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res)
+{
+	while (res) {
+		struct rdma_addrinfo *n = res->ai_next;
+		free(res->ai_src_addr);
+		free(res->ai_dst_addr);
+		free(res->ai_src_canonname);
+		free(res->ai_dst_canonname);
+		free(res->ai_route);
+		free(res->ai_connect);
+		free(res);
+		res = n;
+	}
 }

@@ -15,46 +15,22 @@ EXPORT long raccept(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rbind(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rclose(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rconnect(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_accept(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_ack_cm_event(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_bind_addr(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_connect(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_ep(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT void *rdma_create_event_channel(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT long rdma_create_id(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_create_qp(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_create_qp_ex(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_srq(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_srq_ex(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void rdma_destroy_ep(void) {}
-EXPORT void rdma_destroy_event_channel(void) {}
-EXPORT long rdma_destroy_id(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT void rdma_destroy_qp(void) {}
 EXPORT void rdma_destroy_srq(void) {}
-EXPORT long rdma_disconnect(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_establish(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void rdma_free_devices(void) {}
-EXPORT void rdma_freeaddrinfo(void) {}
-EXPORT long rdma_get_cm_event(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void *rdma_get_devices(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT long rdma_get_dst_port(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_get_remote_ece(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_get_request(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_get_src_port(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_getaddrinfo(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_init_qp_attr(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_join_multicast(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_join_multicast_ex(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_leave_multicast(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_listen(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_migrate_id(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_notify(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_reject(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_reject_ece(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_resolve_addr(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_resolve_route(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_set_local_ece(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_set_option(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rfcntl(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rgetpeername(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rgetsockname(void) { errno = EOPNOTSUPP; return -1; }

@@ -1,0 +1,147 @@
+package daemon
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/procmem"
+)
+
+// readableAddr is the start of a readable mapping of process pid.
+func readableAddr(t *testing.T, pid int) uint64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 2 || !strings.HasPrefix(fields[1], "r") {
+			continue
+		}
+		start, _, _ := strings.Cut(fields[0], "-")
+		if a, err := strconv.ParseUint(start, 16, 64); err == nil {
+			return a
+		}
+	}
+	t.Fatalf("no readable mapping in process %d", pid)
+	return 0
+}
+
+// sessionOf is a session, not yet served, of the process pid, as if it had
+// connected: its socket's other end is closed at once.
+func sessionOf(t *testing.T, srv *Server, pid int) *session {
+	t.Helper()
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unix.Close(fds[1])
+	f := os.NewFile(uintptr(fds[0]), "session")
+	c, err := net.FileConn(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSession(srv, c.(*net.UnixConn), 1, &unix.Ucred{Pid: int32(pid), Uid: uint32(os.Getuid())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// The memory a session registered is its process's until the process
+// exits, and dead from then on, though the session lives on (its socket
+// may be a fork child's): registrations are refused as bad addresses, and
+// the region reads nothing, so that no access can reach a process that is
+// later given the PID. The session's end closes the pidfd and its watcher
+// (TestMain's leak check).
+func TestSessionProcessMemoryDiesWithTheProcess(t *testing.T) {
+	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		child.Process.Kill()
+		child.Wait()
+	}()
+	pid := child.Process.Pid
+	va := readableAddr(t, pid)
+
+	s := sessionOf(t, srv, pid)
+	defer s.close()
+	r, _, err := s.createPZ()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pz := r.(*ctl.CreatePZReply).PZ
+	register := func(va, length uint64) (*ctl.RegisterLMRReply, error) {
+		r, _, err := s.registerProcessMemory(&ctl.RegisterProcessMemory{PZ: pz, VA: va, Length: length, Access: ctl.AccessLocalWrite})
+		if err != nil {
+			return nil, err
+		}
+		return r.(*ctl.RegisterLMRReply), nil
+	}
+	reg, err := register(va+3, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	l := s.objects[reg.LMR].(*lmr)
+	counts := s.counts
+	s.mu.Unlock()
+	if l.mr.Proc == nil || l.mr.Base != va+3 || len(l.mr.Buf) != 16 || l.mr.STag != reg.STag {
+		t.Fatalf("registered %+v", l.mr.MR)
+	}
+	if c := counts(); c["lmr"] != 1 {
+		t.Fatalf("counts %v", c)
+	}
+	// What the engine reads is the child's memory.
+	mem, err := os.Open(fmt.Sprintf("/proc/%d/mem", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mem.Close()
+	viaProc := make([]byte, 16)
+	if _, err := mem.ReadAt(viaProc, int64(va+3)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 16)
+	if err := l.mr.Proc.ReadAt(got, va+3); err != nil || string(got) != string(viaProc) {
+		t.Fatalf("read %x (%v), the child has %x", got, err, viaProc)
+	}
+
+	if err := child.Process.Signal(unix.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.proc.Exited():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the process's exit was not seen")
+	}
+	if err := l.mr.Proc.ReadAt(got, va+3); !errors.Is(err, procmem.ErrExited) {
+		t.Fatalf("reading the memory of the exited process: %v", err)
+	}
+	if _, err := register(va+3, 16); !errors.Is(err, &ctl.Error{Status: ctl.InvalidAddress}) {
+		t.Fatalf("registering memory of the exited process: %v", err)
+	}
+}

@@ -1,0 +1,424 @@
+# hack/interop-verbs.sh: the verbs part of make interop, sourced by
+# hack/interop.sh (which provides work, NS, TAP, pids, results, report,
+# wait_socket, siw_shell_start, siw_shell_end and wait_line). Debian's unmodified rping and perftest
+# (ib_write_bw, ib_send_bw, ib_read_bw, ib_read_lat, ib_write_lat, all with
+# -R) run on the host over softrnic's libibverbs.so.1 and librdmacm.so.1
+# (built from this tree into $work/lib) against the same binaries over
+# Linux siw in the guest, both datapaths, siw as server and as client for
+# all six. qperf is not in the guest, so it has no row.
+#
+# One guest boot per datapath runs the rows of that datapath, in run.sh's
+# shell mode: the commands are typed into the guest's console
+# (siw_shell_type), first the six with siw as server, then the six with
+# siw as client. On both datapaths the guest sits on a tap in a namespace of
+# ours that softrnicd serves (the xdp rows' NS for xdp, one of its own for
+# the kernel datapath), and the capture is QEMU's. Every row has ports of
+# its own, so each row's capture is the boot's cut by port.
+#
+# Not QEMU's user-mode network, as the other kernel rows: perftest's server
+# listens for its test connection only after the exchange that sends the
+# client to connect it, so the client's first try often finds nothing
+# listening. On a network that is a refused SYN, which softrnic's
+# rdma_connect tries again (verbs/rdmacm/cm.c RETRY_REFUSED_US); behind a
+# hostfwd QEMU accepts the connection itself and resets it once the guest
+# refuses, after our MPA Request: a connection reset, not refused, so the
+# REJECTED event goes to perftest, whose own retry then crashes (Debian's
+# 4.5-0.17 frees its CM nodes and uses them again; perftest fixed it in
+# 3d9d8d0, "Fix crashes and logical flaws in RDMA CM connection retry").
+#
+# Two races of siw's, neither softrnic's, would fail the perftest rows
+# now and then, mostly with siw as client; each is told apart by what
+# both sides print and handled, and anything else fails the row.
+#
+# The close race, seen in 1 of 100 rows with siw as client (xdp
+# ib_read_lat; the one failure that made them opt-in looked the same):
+# after the test the two perftests exchange a last message each way,
+# and the side that receives the last closes at once, as perftest does
+# on any RNIC (ours, as server, answers the client's and closes). siw
+# completes a Send whose last segment is on the wire with
+# IBV_WC_LOC_QP_OP_ERR if the peer's FIN or RST arrives while its tx
+# call still holds the socket (siw_qp_tx.c siw_qp_sq_proc_tx: tx_suspend,
+# set by siw_cm_llp_state_change on TCP_CLOSE or TCP_CLOSE_WAIT, is
+# checked before DDP_FLAG_LAST), a window the emulated guest on a busy
+# host makes wide: "Bad wc status 2", "Unable to write to
+# socket/rdma_cm", "Failed to close connection between server and
+# client", the results already printed. vb_close_race tolerates exactly
+# that, and only when our side passed: its last read completed, so the
+# Send siw calls failed was received. The row's detail says so.
+#
+# The listen gap: perftest -R's client makes its first connection (the
+# exchange's), tells the server, and connects its test QP at once, while
+# the server (ours) destroys its first listener and listens again only
+# after the exchange. siw connects the TCP socket within rdma_connect, so
+# a SYN that meets no listener fails rdma_connect with ECONNREFUSED
+# ("Failed to connect through RDMA CM." "ERRNO: Connection refused."),
+# Linux's CM does not try again, and Debian's perftest's retry then
+# crashes (a segmentation fault; the same upstream fix). The guest's
+# client takes 4 to 50 ms from our exchange message to its SYN, our
+# server 0.5 to 3.5 ms from that message to its daemon's listen(2)
+# (captures; strace of the daemon, the host busy with a CI run): not
+# seen in 100 rows, but siw's servers lose the same race to our clients
+# (whose rdma_connect tries again), and VB_LATE_LISTEN_MS forces it
+# (vb_late_listen_lib). Such a try (vb_gap_refused: siw's client says
+# so; our server still waiting for the test connection, or finished
+# cleanly) is run again, at most VB_TRIES times in all, each named in
+# the row's detail. A listener that never comes, or comes late every
+# time, fails every try. The guest's vcli tries a client again only when
+# its first connection was refused (perftest: "Function rdma_connect
+# failed"; rping: "rdma_connect: Connection refused"), which leaves the
+# server waiting as it was; after that connection it never does, since
+# a client started again would connect to the test listener of the
+# server still waiting for the first (the old retry on any quick
+# failure did, which hid the close race's output under four refusals).
+#
+# A row passes when both programs exit 0 and print what they print on
+# success: rping five pings each side (-v; the client verifies each, -V),
+# perftest the results row of its table (4096 octets, 50 iterations; the
+# server of ib_read_lat prints no table, only its banner), neither side a
+# failure message; and when its capture passes check_capture with CRC on
+# (our libraries ask for it) in the MPA mode the row names.
+#
+# siw runs with peer_to_peer=1: our libraries ask for MPA peer-to-peer
+# mode (verbs/ibverbs/qp.c), which as responder they can use only if the
+# initiator offers it, and ib_write_lat's server writes first, which RFC
+# 5044 forbids a plain MPA responder. As responder siw takes the mode our
+# initiator asks for whatever its parameter says, so the parameter decides
+# only the rows where siw initiates.
+
+VB_TOOLS="rping ib_write_bw ib_send_bw ib_read_bw ib_read_lat ib_write_lat"
+VB_SIZE=4096
+VB_ITERS=50
+# vb_gport TOOL: the port a server of TOOL listens on in the guest; ours
+# listens on the same plus 10.
+vb_gport() {
+	case $1 in
+	rping) echo 7174 ;; ib_write_bw) echo 18515 ;; ib_send_bw) echo 18516 ;;
+	ib_read_bw) echo 18517 ;; ib_read_lat) echo 18518 ;; ib_write_lat) echo 18519 ;;
+	esac
+}
+# vb_args TOOL server|client PORT [PEER]: the program's arguments but -d.
+vb_args() {
+	if [ "$1" = rping ]; then
+		if [ "$2" = server ]; then echo "-s -a 0.0.0.0 -p $3 -v -C 5"; else echo "-c -a $4 -p $3 -v -V -C 5 -S 64"; fi
+	else
+		echo "-R -F -s $VB_SIZE -n $VB_ITERS -p $3${4:+ $4}"
+	fi
+}
+# The guest's side. vsrv TAG PORT CMD... runs a server and says when its
+# port listens; vcli TAG PATTERN CMD... runs a client, retried (up to five
+# times) when it fails within 5 s and its output has PATTERN, what it
+# prints when its first connection is refused (vb_refused_first). Each
+# then prints its output as "IWGUEST: out TAG: LINE" and its exit status
+# as "IWGUEST: TAG rc=N". The console echoes what is typed, so each marker
+# is written as two words (see siw_shell_run).
+# shellcheck disable=SC2016 # typed into the guest's shell
+VB_GUEST_FUNCS=(
+	'vrun() { timeout 100 stdbuf -oL -eL "$@" < /dev/null; }'
+	'vout() { sed "s/^/IWGUEST: out $1: /" /tmp/$1.out; echo "IWGUEST: $1" "rc=$2"; }'
+	'vsrv() { t=$1 p=$2; shift 2; vrun "$@" > /tmp/$t.out 2>&1 & s=$!; until ss -Hltn "sport = :$p" | grep -q . || ! kill -0 $s 2> /dev/null; do sleep 0.2; done; echo "IWGUEST: $t" listening; wait $s; vout $t $?; }'
+	'vcli() { t=$1 m=$2; shift 2; n=0; while :; do n=$((n + 1)); a=$(date +%s); vrun "$@" > /tmp/$t.out 2>&1; r=$?; if [ $r = 0 ] || [ $n -ge 5 ] || [ $(($(date +%s) - a)) -ge 5 ] || ! grep -q "$m" /tmp/$t.out; then break; fi; echo "IWGUEST: note" "$t try $n failed (exit $r), retrying"; sed "s/^/IWGUEST: note $t try $n: /" /tmp/$t.out; sleep 2; done; vout $t $r; }'
+)
+
+# siw_shell_type LINE: types LINE into the guest's shell (siw_shell_start),
+# as siw_shell_run does, but leaves the shell running.
+siw_shell_type() {
+	(
+		trap '' PIPE
+		printf '%s\n' "$1" >&"$SHFD"
+	) 2> /dev/null || true
+}
+
+# vb_ours SECONDS TOOL ARGS...: a Debian binary over our libraries on the
+# boot's datapath (VB_IN, VB_SOCK), line-buffered and bounded. It execs,
+# so that a server's pid is its timeout's: call it in a subshell.
+vb_ours() {
+	local s=$1
+	shift
+	exec "${VB_IN[@]}" env LD_LIBRARY_PATH="$work/lib" SOFTRNIC_SOCKET="$VB_SOCK" ${VB_PRELOAD:+LD_PRELOAD=$VB_PRELOAD} timeout "$s" stdbuf -oL -eL "$@"
+}
+
+# VB_LATE_LISTEN_MS=N forces the gap (see the top) to check that it is
+# told apart: the first try of every perftest row with siw as client
+# preloads into our server a wrapper that delays each rdma_listen but its
+# first by N ms, so siw's test connection is refused, and the row passes
+# on its second try.
+vb_late_listen_lib() {
+	cat > "$work/late-listen.c" <<-'EOF'
+		#define _GNU_SOURCE
+		#include <dlfcn.h>
+		#include <stdlib.h>
+		#include <unistd.h>
+		struct rdma_cm_id;
+		int rdma_listen(struct rdma_cm_id *id, int backlog)
+		{
+			static int n;
+			int (*real)(struct rdma_cm_id *, int) = (int (*)(struct rdma_cm_id *, int))dlsym(RTLD_NEXT, "rdma_listen");
+			if (n++)
+				usleep(1000 * atoi(getenv("VB_LATE_LISTEN_MS")));
+			return real(id, backlog);
+		}
+	EOF
+	cc -shared -fPIC -o "$work/late-listen.so" "$work/late-listen.c" -ldl
+}
+
+VB_FAILURE="fail|error|couldn't|unable|cannot|invalid|abort"
+# vb_judge WHAT TOOL SIDE FILE RC: the verdict on one side's output (FILE)
+# and exit status (RC); prints why it failed, or what it tolerated.
+vb_judge() {
+	local what=$1 tool=$2 side=$3 f=$4 rc=$5 m
+	if [ "$tool-$side-$rc" = rping-server-255 ] && grep -q "server DISCONNECT EVENT" "$f" &&
+		grep -q "rdma_get_cm_event: Bad file descriptor" "$f"; then
+		# rping's own teardown race (siw_server_verdict): after a clean
+		# DISCONNECT its CM thread reads a destroyed event channel and
+		# exits 255; the pings are counted below.
+		echo "$what: rping teardown race tolerated"
+	elif [ "$rc" != 0 ]; then
+		echo "$what exited $rc: $(grep -v '^[[:space:]]*$' "$f" | tail -1 | cut -c1-80)"
+		return 1
+	fi
+	if m=$(grep -m1 -iE "$VB_FAILURE" "$f"); then
+		echo "$what printed '$(cut -c1-80 <<< "$m")'"
+		return 1
+	fi
+	if [ "$tool" = rping ]; then
+		local want='^ping data: rdma-ping-'
+		[ "$side" = server ] && want='server ping data: rdma-ping-'
+		[ "$(grep -c "$want" "$f")" -ge 5 ] || { echo "$what printed fewer than five pings"; return 1; }
+	elif [ "$tool-$side" = ib_read_lat-server ]; then
+		grep -q 'RDMA_Read Latency Test' "$f" || { echo "$what printed no banner"; return 1; }
+	else
+		grep -qE "^ *$VB_SIZE +$VB_ITERS +[0-9]" "$f" || { echo "$what printed no results row"; return 1; }
+	fi
+}
+
+# vb_refused_first TOOL: what siw's client of TOOL prints when its first
+# connection is refused (nothing listens yet), for vcli.
+vb_refused_first() {
+	if [ "$1" = rping ]; then echo "rdma_connect: Connection refused"; else echo "Function rdma_connect failed"; fi
+}
+
+# vb_gap_refused TAG: whether siw's perftest client of the try TAG met the
+# gap (see the top): its test connection refused, which it reports from
+# rdma_cm_route_handler, reached only after the exchange over the first.
+vb_gap_refused() {
+	local out
+	out=$(sed -n "s/.*IWGUEST: out $1: //p" "$VB_CONSOLE" | tr -d '\r')
+	grep -q "^Failed to connect through RDMA CM\.$" <<< "$out" && grep -q "^ERRNO: Connection refused\.$" <<< "$out"
+}
+VB_TRIES=3
+
+# vb_close_race TOOL FILE RC: whether siw's perftest output FILE and exit
+# status RC end in the close race (see the top): the exchange after the
+# test, whose Send failed with wc status 2 (IBV_WC_LOC_QP_OP_ERR), and
+# nothing else; exit status 1, but ib_send_bw says it goes on and exits
+# 0. Prints how many lines that ending has. vb_row tolerates it only when
+# our side passed, which shows that Send was received.
+vb_close_race() {
+	local want="Bad wc status 2
+Unable to write to socket/rdma_cm
+Failed to close connection between server and client" n=3 rc=1
+	[ "$1" = ib_send_bw ] && want+="
+Trying to close this side resources" n=4 rc=0
+	[ "$3" = "$rc" ] && [ "$(grep -v '^[[:space:]]*$' "$2" | tail -"$n" | sed 's/^[[:space:]]*//; s/[[:space:]]*$//')" = "$want" ] && echo "$n"
+}
+
+# vb_row ROLE TOOL: one row of the boot (the guest's shell is up). Adds
+# the row to VB_ROWS; vb_boot checks its capture after the boot.
+vb_row() {
+	local role=$1 tool=$2 name="verbs-$2-$1" ok=PASS t0=$SECONDS
+	[ "$VB_DP" = xdp ] && name="xdp-$name"
+	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
+	local tag="$tool-$role" gport port plog="$work/$name.ours" log="$work/$name.guest" ttag="$tool-$role"
+	local rc grc why ours=client siw=server spid="" notes=()
+	gport=$(vb_gport "$tool")
+	if [ "$role" = siw-server ]; then
+		# the guest listens on gport; ours connects to it
+		port=$gport
+		siw_shell_type "vsrv $tag $port $tool -d siw0 $(vb_args "$tool" server "$port")"
+		if wait_line "$VB_CONSOLE" "IWGUEST: $tag listening" 60; then
+			# shellcheck disable=SC2046 # the arguments are words
+			(vb_ours 120 "$tool" -d softrnic0 $(vb_args "$tool" client "$port" "$VB_GADDR")) > "$plog" 2>&1
+			rc=$?
+		else
+			notes+=("the guest's server never listened") rc=none
+			: > "$plog"
+		fi
+		wait_line "$VB_CONSOLE" "IWGUEST: $tag rc=" 130 || notes+=("the guest's $tool never ended")
+	else
+		# ours listens on gport + 10; the guest connects to it
+		ours=server siw=client port=$((gport + 10))
+		local try=1 srv
+		while :; do
+			: > "$plog"
+			local pre=""
+			[ -n "${VB_LATE_LISTEN_MS:-}" ] && [ "$tool" != rping ] && [ "$try" = 1 ] && pre="$work/late-listen.so"
+			# shellcheck disable=SC2046 # the arguments are words
+			(VB_PRELOAD=$pre vb_ours 150 "$tool" -d softrnic0 $(vb_args "$tool" server "$port")) > "$plog" 2>&1 &
+			spid=$!
+			# listening: the kernel datapath's socket shows, the xdp
+			# datapath's does not (perftest's banner comes just before it
+			# listens; vcli retries what is refused)
+			if [ "$VB_DP" = kernel ]; then
+				for _ in $(seq 100); do "${VB_IN[@]}" ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+			elif [ "$tool" != rping ]; then
+				wait_line "$plog" "Waiting for client" 10
+			else
+				sleep 1
+			fi
+			siw_shell_type "vcli $ttag '$(vb_refused_first "$tool")' $tool -d siw0 $(vb_args "$tool" client "$port" "$VB_PEER")"
+			wait_line "$VB_CONSOLE" "IWGUEST: $ttag rc=" 130 || notes+=("the guest's $tool never ended")
+			[ "$tool" != rping ] && vb_gap_refused "$ttag" || break
+			# the gap: our server waits for the test connection
+			# (stopped), or finished if perftest's retry got that far
+			if kill -0 "$spid" 2> /dev/null; then
+				srv="waiting for it, stopped"
+				if [ "$VB_DP" = kernel ] && "${VB_IN[@]}" ss -Hltn "sport = :$port" | grep -q .; then
+					srv="listening by then, stopped"
+				fi
+				kill -TERM "$spid"
+				wait "$spid"
+			else
+				wait "$spid"
+				rc=$?
+				srv="exited $rc"
+				[ "$rc" = 0 ] && vb_judge ours "$tool" server "$plog" 0 > /dev/null && srv="finished"
+			fi
+			notes+=("try $try: siw's test connection refused, ours not listening again yet; siw's perftest exited $(sed -n "s/.*IWGUEST: $ttag rc=\([0-9]*\).*/\1/p" "$VB_CONSOLE" | tail -1), ours $srv")
+			if [ "$try" -ge "$VB_TRIES" ]; then
+				notes+=("refused in all $VB_TRIES tries") rc=none spid=""
+				break
+			fi
+			mv "$plog" "$plog.try$try"
+			try=$((try + 1)) ttag="$tag-try$try"
+		done
+		if [ -n "$spid" ]; then
+			wait "$spid"
+			rc=$?
+		fi
+	fi
+	# the guest's side: its output and exit status; log holds the
+	# IWGUEST lines report shows on failure. The first line of a
+	# command's output may follow the shell's terminal controls.
+	sed -n "s/.*IWGUEST: out $ttag: //p" "$VB_CONSOLE" | tr -d '\r' > "$log.out"
+	grep -oE "IWGUEST: (out $tag(-try[0-9])?: |$tag(-try[0-9])? rc=|note $tag(-try[0-9])? ).*" "$VB_CONSOLE" | tr -d '\r' > "$log"
+	grc=$(sed -n "s/.*IWGUEST: $ttag rc=\([0-9]*\).*/\1/p" "$VB_CONSOLE" | tail -1)
+	why=$(vb_judge "$ours (ours)" "$tool" "$ours" "$plog" "$rc") || ok=FAIL
+	[ -n "$why" ] && notes+=("$why")
+	local sout="$log.out" src=${grc:-none} cut
+	if [ "$ok" = PASS ] && [ "$tool" != rping ] && cut=$(vb_close_race "$tool" "$log.out" "$src"); then
+		# judged without the lines of the close race
+		grep -v '^[[:space:]]*$' "$log.out" | head -n -"$cut" > "$log.out.judged"
+		sout="$log.out.judged" src=0
+		notes+=("siw's last Send, which ours received, completed in error as ours closed (siw's close race, tolerated)")
+	fi
+	why=$(vb_judge "$siw (siw)" "$tool" "$siw" "$sout" "$src") || ok=FAIL
+	[ -n "$why" ] && notes+=("$why")
+	local note="" n
+	for n in "${notes[@]}"; do note+="${note:+; }$n"; done
+	VB_ROWS+=("$name|$ok|$role|$port|$log|$plog|$((SECONDS - t0))|$note")
+}
+
+# vb_daemon DATAPATH NS LOG: softrnicd on the tap once run.sh has made it.
+vb_daemon() {
+	for _ in $(seq 300); do ip -n "$2" link show dev "$TAP" > /dev/null 2>&1 && break; sleep 0.1; done
+	sleep 0.2 # the address
+	rm -f "$VB_SOCK"
+	ip netns exec "$2" "$work/softrnicd" --iface "$TAP" --datapath "$1" --socket "$VB_SOCK" --log-level warn 2> "$3" &
+	VB_DPID=$!
+	pids+=("$VB_DPID")
+	wait_socket "$VB_SOCK" "softrnicd --datapath $1 on $TAP" "$3"
+}
+
+# vb_boot DATAPATH: one guest boot, the datapath's rows.
+vb_boot() {
+	VB_DP=$1
+	local r t n selected=""
+	for r in siw-server siw-client; do
+		for t in $VB_TOOLS; do
+			n="verbs-$t-$r"
+			[ "$VB_DP" = xdp ] && n="xdp-$n"
+			if [ -z "${ONLY:-}" ] || [[ "$n" == *$ONLY* ]]; then selected=1; fi
+		done
+	done
+	[ -n "$selected" ] || return 0
+	local base="verbs-$VB_DP" all="$work/verbs-$VB_DP.pcap" ns=$NS
+	VB_GADDR=10.79.0.2 VB_PEER=10.79.0.1
+	VB_CONSOLE="$work/$base.console" VB_DLOG="$work/$base.daemon" VB_SOCK="$work/verbs.sock" VB_ROWS=()
+	if [ "$VB_DP" = kernel ]; then
+		# a namespace of its own: no TIME_WAIT of its kernel sockets
+		# meets the xdp rows in NS
+		VB_NS=srnverbs$$
+		ip netns add "$VB_NS" || return 1
+		ip -n "$VB_NS" link set lo up
+		ns=$VB_NS
+	fi
+	VB_IN=(ip netns exec "$ns")
+	local t0=$SECONDS up=1 f
+	siw_shell_start "$VB_CONSOLE" --net tap --netns "$ns" --tap "$TAP" --tap-ip "$VB_PEER/24" --ip "$VB_GADDR/24" \
+		--pcap "$all" --siwopts peer_to_peer=1 --timeout 600 || up=0
+	vb_daemon "$VB_DP" "$ns" "$VB_DLOG" || up=0
+	if [ "$up" = 1 ]; then
+		for f in "${VB_GUEST_FUNCS[@]}"; do siw_shell_type "$f"; done
+		siw_shell_type "for i in \$(seq 60); do ping -c1 -W1 $VB_PEER >/dev/null 2>&1 && break; sleep 1; done; echo 'IWGUEST: peer' up"
+		wait_line "$VB_CONSOLE" 'IWGUEST: peer up' 90 || up=0
+	fi
+	if [ "$up" = 1 ]; then
+		for r in siw-server siw-client; do
+			for t in $VB_TOOLS; do vb_row "$r" "$t"; done
+		done
+		siw_shell_type exit
+		siw_shell_end
+	else
+		kill "$SHPID" 2> /dev/null
+		wait "$SHPID" 2> /dev/null
+		exec {SHFD}>&-
+	fi
+	kill -TERM "$VB_DPID" 2> /dev/null
+	wait "$VB_DPID" 2> /dev/null
+	if [ "$VB_DP" = kernel ]; then
+		ip netns del "$VB_NS"
+		VB_NS=
+	fi
+	echo "   guest boot $base: $((SECONDS - t0)) s"
+	if [ "$up" = 0 ]; then
+		results+=("$(printf '%-4s  %-34s %-10s %-4s %s' FAIL "$base (boot)" - - "the guest's shell or the daemon did not start: $VB_CONSOLE")")
+		return
+	fi
+	# One row each: the boot's capture cut to the row's port, checked.
+	local row name ok role port log plog secs note pcap mode=$VB_MODE dlog=$VB_DLOG
+	for row in "${VB_ROWS[@]}"; do
+		IFS='|' read -r name ok role port log plog secs note <<< "$row"
+		pcap="$work/$name.pcap"
+		tcpdump -r "$all" -w "$pcap" "tcp port $port" 2> /dev/null
+		note="${note:+$note; }$secs s"
+		report "$name" on 12 12
+	done
+	unset note
+}
+
+echo "== Debian's rping and perftest over softrnic's libibverbs and librdmacm against the same over Linux siw"
+vb_selected=
+for t in $VB_TOOLS; do
+	for n in "verbs-$t-siw-server" "verbs-$t-siw-client" "xdp-verbs-$t-siw-server" "xdp-verbs-$t-siw-client"; do
+		if [ -z "${ONLY:-}" ] || [[ "$n" == *$ONLY* ]]; then vb_selected=1; fi
+	done
+done
+if [ -n "$vb_selected" ]; then
+	vb_setup_fail=""
+	# Debian's own binaries, unmodified: dpkg checks every file against
+	# the package's checksums.
+	for t in $VB_TOOLS stdbuf; do command -v "$t" > /dev/null || vb_setup_fail="no $t"; done
+	[ -z "$vb_setup_fail" ] && [ -n "$(dpkg -V perftest rdmacm-utils 2>&1)" ] && vb_setup_fail="dpkg -V perftest rdmacm-utils: $(dpkg -V perftest rdmacm-utils 2>&1 | head -1)"
+	[ -z "$vb_setup_fail" ] && { go run ./verbs/mklib -o "$work/lib" > "$work/mklib.log" 2>&1 || vb_setup_fail="mklib: $(tail -1 "$work/mklib.log")"; }
+	[ -z "$vb_setup_fail" ] && [ -n "${VB_LATE_LISTEN_MS:-}" ] && { vb_late_listen_lib || vb_setup_fail="the VB_LATE_LISTEN_MS wrapper did not build"; }
+	if [ -n "$vb_setup_fail" ]; then
+		results+=("$(printf '%-4s  %-34s %-10s %-4s %s' FAIL "verbs (setup)" - - "$vb_setup_fail")")
+	else
+		# the MPA mode of every row: revision 2, peer-to-peer with ... (see the top)
+		VB_MODE="--rev 2 --p2p write"
+		VB_NS=
+		trap 'cleanup; ip netns del "$NS" 2>/dev/null; [ -z "$VB_NS" ] || ip netns del "$VB_NS" 2>/dev/null' EXIT
+		vb_boot kernel
+		vb_boot xdp
+	fi
+fi

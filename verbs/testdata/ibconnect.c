@@ -1,0 +1,227 @@
+/*
+ * ibconnect: one process, two pairs of QPs connected the InfiniBand way,
+ * without the RDMA-CM, as perftest without -R and qperf without -cm1 do:
+ * ibv_modify_qp to INIT, RTR naming the peer's qp_num and its address
+ * (the GRH's dgid for one pair, the LID alone for the other), then RTS,
+ * which returns once the connection is up. Each pair then moves a Send and
+ * an RDMA Write, and a completion names its QP by the qp_num the program
+ * was given. A QP the RDMA-CM owns still refuses such an RTR, and one
+ * naming a QP nobody has fails at RTS. Prints "ok" and exits 0, or names
+ * what failed.
+ *
+ *   ibconnect
+ */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define FAIL(...)                                                                                                      \
+	do {                                                                                                           \
+		fprintf(stderr, "line %d: ", __LINE__);                                                                \
+		fprintf(stderr, __VA_ARGS__);                                                                          \
+		fprintf(stderr, "\n");                                                                                 \
+		exit(1);                                                                                               \
+	} while (0)
+
+static struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (int i = 0; i < 10000000; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			FAIL("ibv_poll_cq: %d", n);
+		if (n == 1)
+			return wc;
+		if (i > 1000)
+			usleep(1);
+	}
+	FAIL("no completion");
+}
+
+struct side {
+	struct ibv_cq *cq;
+	struct ibv_qp *qp;
+	struct ibv_mr *mr;
+	char buf[4096];
+};
+
+static void make(struct ibv_context *ctx, struct ibv_pd *pd, struct side *s)
+{
+	s->cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	if (!s->cq)
+		FAIL("ibv_create_cq: %s", strerror(errno));
+	struct ibv_qp_init_attr ia = {.send_cq = s->cq, .recv_cq = s->cq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1}};
+	s->qp = ibv_create_qp(pd, &ia);
+	if (!s->qp)
+		FAIL("ibv_create_qp: %s", strerror(errno));
+	s->mr = ibv_reg_mr(pd, s->buf, sizeof(s->buf), IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+	if (!s->mr)
+		FAIL("ibv_reg_mr: %s", strerror(errno));
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_INIT, .port_num = 1,
+				.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ};
+	if (ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+		FAIL("INIT: %s", strerror(errno));
+}
+
+/* rtr as perftest does it (grh: the peer's GID) or as qperf does (its LID) */
+static int rtr(struct side *s, uint32_t qpn, const union ibv_gid *gid, uint16_t lid)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTR, .path_mtu = IBV_MTU_1024, .dest_qp_num = qpn, .rq_psn = 0,
+				.max_dest_rd_atomic = 1, .min_rnr_timer = 12};
+	a.ah_attr.port_num = 1;
+	a.ah_attr.dlid = lid;
+	if (gid) {
+		a.ah_attr.is_global = 1;
+		a.ah_attr.grh.dgid = *gid;
+		a.ah_attr.grh.hop_limit = 0xff;
+	}
+	return ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+						 IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+}
+
+static int rts(struct side *s)
+{
+	struct ibv_qp_attr a = {.qp_state = IBV_QPS_RTS, .timeout = 14, .retry_cnt = 7, .rnr_retry = 7, .max_rd_atomic = 1};
+	return ibv_modify_qp(s->qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+						 IBV_QP_MAX_QP_RD_ATOMIC);
+}
+
+static void transfer(struct side *a, struct side *b)
+{
+	struct ibv_sge rs = {.addr = (uintptr_t)b->buf, .length = 64, .lkey = b->mr->lkey};
+	struct ibv_recv_wr rw = {.wr_id = 7, .sg_list = &rs, .num_sge = 1}, *rbad;
+	if (ibv_post_recv(b->qp, &rw, &rbad))
+		FAIL("ibv_post_recv");
+	strcpy(a->buf, "a Send");
+	strcpy(a->buf + 64, "an RDMA Write");
+	struct ibv_sge ss = {.addr = (uintptr_t)a->buf, .length = 7, .lkey = a->mr->lkey};
+	struct ibv_sge ws = {.addr = (uintptr_t)a->buf + 64, .length = 14, .lkey = a->mr->lkey};
+	struct ibv_send_wr w = {.wr_id = 9, .sg_list = &ws, .num_sge = 1, .opcode = IBV_WR_RDMA_WRITE,
+				.send_flags = IBV_SEND_SIGNALED};
+	w.wr.rdma.remote_addr = (uintptr_t)b->buf + 128;
+	w.wr.rdma.rkey = b->mr->rkey;
+	struct ibv_send_wr sw = {.wr_id = 8, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				 .send_flags = IBV_SEND_SIGNALED};
+	w.next = &sw;
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(a->qp, &w, &bad))
+		FAIL("ibv_post_send");
+	for (int i = 0; i < 2; i++) {
+		struct ibv_wc wc = wait_wc(a->cq);
+		if (wc.status != IBV_WC_SUCCESS || wc.qp_num != a->qp->qp_num)
+			FAIL("send completion %s qp_num %u, want %u", ibv_wc_status_str(wc.status), wc.qp_num, a->qp->qp_num);
+	}
+	struct ibv_wc wc = wait_wc(b->cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.wr_id != 7 || wc.byte_len != 7 ||
+	    wc.qp_num != b->qp->qp_num)
+		FAIL("receive %s opcode %d len %u qp_num %u, want %u", ibv_wc_status_str(wc.status), wc.opcode, wc.byte_len,
+		     wc.qp_num, b->qp->qp_num);
+	/* the Write was placed before the Send that followed it */
+	if (strcmp(b->buf, "a Send") || strcmp(b->buf + 128, "an RDMA Write"))
+		FAIL("received %s / %s", b->buf, b->buf + 128);
+}
+
+int main(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	if (!list || !list[0])
+		FAIL("no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		FAIL("ibv_open_device: %s", strerror(errno));
+	union ibv_gid gid;
+	struct ibv_port_attr port;
+	if (ibv_query_gid(ctx, 1, 0, &gid) || ibv_query_port(ctx, 1, &port))
+		FAIL("query: %s", strerror(errno));
+	if (port.lid != (gid.raw[14] << 8 | gid.raw[15]))
+		FAIL("LID %#x, want the address's low 16 bits", port.lid);
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	if (!pd)
+		FAIL("ibv_alloc_pd");
+	static struct side s[4];
+	for (int i = 0; i < 4; i++)
+		make(ctx, pd, &s[i]);
+	if (s[0].qp->qp_num == s[1].qp->qp_num || s[0].qp->qp_num == 0)
+		FAIL("qp_num %u and %u", s[0].qp->qp_num, s[1].qp->qp_num);
+
+	/* Pair 0-1 by GID, 2-3 by LID; both RTRs before either RTS, as two
+	 * programs that swapped their numbers would. */
+	if (rtr(&s[0], s[1].qp->qp_num, &gid, 0) || rtr(&s[1], s[0].qp->qp_num, &gid, 0))
+		FAIL("RTR by GID: %s", strerror(errno));
+	if (rtr(&s[2], s[3].qp->qp_num, NULL, port.lid) || rtr(&s[3], s[2].qp->qp_num, NULL, port.lid))
+		FAIL("RTR by LID: %s", strerror(errno));
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	for (int i = 0; i < 4; i++) {
+		int err = rts(&s[i]);
+		if (err)
+			FAIL("RTS %d: %s", i, strerror(err));
+		if (ibv_query_qp(s[i].qp, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_RTS)
+			FAIL("QP %d in state %d after RTS", i, qa.qp_state);
+	}
+	transfer(&s[0], &s[1]);
+	transfer(&s[1], &s[0]);
+	transfer(&s[3], &s[2]);
+
+	/* A second RTR of a connected QP is refused. */
+	if (rtr(&s[0], s[1].qp->qp_num, &gid, 0) != EINVAL)
+		FAIL("second RTR accepted");
+
+	/* A QP naming one nobody has: RTR goes, RTS fails within the
+	 * daemon's bound (the test's daemon: 1 s), the QP in ERR. */
+	struct side lone;
+	make(ctx, pd, &lone);
+	if (rtr(&lone, 0xffffff, &gid, 0))
+		FAIL("RTR to nobody: %s", strerror(errno));
+	time_t start = time(NULL);
+	if (rts(&lone) != ETIMEDOUT)
+		FAIL("RTS to nobody did not time out");
+	if (time(NULL) - start > 10)
+		FAIL("RTS to nobody took %ld s", (long)(time(NULL) - start));
+	if (ibv_query_qp(lone.qp, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_ERR)
+		FAIL("QP to nobody in state %d, want ERR", qa.qp_state);
+
+	/* A QP of the RDMA-CM is connected by it alone. */
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		FAIL("rdma_create_id: %s", strerror(errno));
+	struct sockaddr_in sin = {.sin_family = AF_INET};
+	memcpy(&sin.sin_addr, gid.raw + 12, 4);
+	if (rdma_bind_addr(id, (struct sockaddr *)&sin) || !id->verbs)
+		FAIL("rdma_bind_addr: %s", strerror(errno));
+	struct ibv_pd *cpd = ibv_alloc_pd(id->verbs);
+	struct ibv_cq *ccq = ibv_create_cq(id->verbs, 4, NULL, NULL, 0);
+	if (!cpd || !ccq)
+		FAIL("the RDMA-CM's PD and CQ: %s", strerror(errno));
+	struct ibv_qp_init_attr cia = {.send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC,
+				       .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	if (rdma_create_qp(id, cpd, &cia))
+		FAIL("rdma_create_qp: %s", strerror(errno));
+	struct side cm = {.qp = id->qp};
+	if (rtr(&cm, s[1].qp->qp_num, &gid, 0) != EINVAL)
+		FAIL("RTR by QPN of the RDMA-CM's QP accepted");
+	rdma_destroy_qp(id);
+	if (ibv_destroy_cq(ccq) || ibv_dealloc_pd(cpd))
+		FAIL("the RDMA-CM's CQ and PD: %s", strerror(errno));
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+
+	for (int i = 0; i < 4; i++) {
+		if (ibv_destroy_qp(s[i].qp) || ibv_dereg_mr(s[i].mr) || ibv_destroy_cq(s[i].cq))
+			FAIL("destroy %d: %s", i, strerror(errno));
+	}
+	if (ibv_destroy_qp(lone.qp) || ibv_dereg_mr(lone.mr) || ibv_destroy_cq(lone.cq) || ibv_dealloc_pd(pd))
+		FAIL("destroy: %s", strerror(errno));
+	ibv_close_device(ctx);
+	ibv_free_device_list(list);
+	printf("ok\n");
+	return 0;
+}
