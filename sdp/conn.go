@@ -30,11 +30,32 @@ const (
 	// takes the last two (ib_sdp's SDP_MIN_TX_CREDITS).
 	reserve = 2
 	// zSize is each of the two Read Zcopy regions: the source's, which
-	// a SrcAvail advertises, and the sink's, which its RDMA Reads fill.
-	zSize = 1 << 20
+	// SrcAvails advertise, and the sink's, which its RDMA Reads fill.
+	// It bounds the octets on their way: with 1 MiB, a 64 KiB stream
+	// between two namespaces here went at 0.57-0.77x the datapath's
+	// send_bw, waiting on the wake-ups of each round of SrcAvail, Read
+	// and RdmaRdCompl; with 4 MiB, four SrcAvails outstanding and two
+	// Reads in flight, 0.8-0.9x.
+	zSize = 4 << 20
 	// DefaultZcopyThreshold: a Write of at least this many octets goes
 	// by Read Zcopy (ib_sdp's default), anything shorter by Bcopy.
 	DefaultZcopyThreshold = 64 << 10
+	// maxAdverts is the MaxAdverts of our Hello and HelloAck: the
+	// SrcAvails a peer may have outstanding to us (not yet answered
+	// by RdmaRdCompl or SendSM), and the most we keep outstanding to a
+	// peer whose own MaxAdverts allows it. One would leave the link idle
+	// for a round trip and two wake-ups after every SrcAvail (the
+	// RdmaRdCompl's way back, the next SrcAvail's way out): with more,
+	// the sink finds the next SrcAvail waiting when a Read completes.
+	maxAdverts = 4
+	// maxSinkParts bounds the SrcAvails the sink has read and the
+	// application not yet taken: past it, no RDMA Read starts for the
+	// next, so a peer of many small SrcAvails cannot grow the queue.
+	maxSinkParts = 256
+	// maxReads is the RDMA Reads the sink keeps in flight (the EP's
+	// ORD, and the source's IRD): with one, the link idles between
+	// them for a wake-up and a round trip.
+	maxReads = 2
 )
 
 // The connection's memory, registered for local access only: the receive
@@ -98,28 +119,41 @@ type Conn struct {
 	advBufs  int
 	queue    []rxMsg
 	// Read Zcopy, source side: the source region is a ring holding what
-	// Writes gave it, from zHead: zAdv octets a SrcAvail advertised, then
-	// zPend not yet advertised (the next SrcAvail's, once the sink has
-	// read the last). zsrcSM: the sink declined the advertised octets
-	// (SendSM), and zsrcSent of them went by Bcopy.
-	zHead, zAdv, zPend int
-	zsrcSent           int
-	zsrcSM             bool
-	// Sink side: the sink region's ring (see startRead), and the length
-	// of the RDMA Read in flight.
-	sinkHead, sinkUsed, readLen int
-	reading                     bool
-	ctrl                        []ctrlMsg
-	threshold                   int
-	eof                         bool // the peer's DisConn came (after the queued data)
-	gone                        bool // the connection's DISCONNECTED event came
-	wrClosed, closed            bool
-	err                         error // the connection is broken: reset, protocol error
-	rdDeadline                  time.Time
-	wrDeadline                  time.Time
-	linger                      int // SetLinger's; -1 by default
-	pollFor                     time.Duration
-	stats                       Stats
+	// Writes gave it, from zHead: the octets SrcAvails advertised (zAdvs,
+	// their lengths, oldest first, at most peerAdverts of them; in all
+	// advertised()), then zPend not yet advertised (the next SrcAvail's,
+	// once one outstanding is answered). zsrcSM: the sink declined the
+	// advertised octets (SendSM), and zsrcSent of them went by Bcopy.
+	zHead, zPend int
+	zAdvs        []int
+	peerAdverts  int
+	zsrcSent     int
+	zsrcSM       bool
+	// Sink side: the sink region's ring (see startRead), and the lengths
+	// of the RDMA Reads in flight, oldest first.
+	sinkHead, sinkUsed int
+	reads              []int
+	// peerAdvs counts the peer's SrcAvails not yet answered by an
+	// RdmaRdCompl or SendSM we sent (those waiting in ctrl count), at
+	// most maxAdverts. A SrcAvailCancel declines every one not begun:
+	// smAfter of them wait for a SendSM that goes after the RdmaRdCompls
+	// of those begun; from the cancel until the peer acknowledges the
+	// SendSM (smSent, at MSeq smMSeq), SrcAvails are the peer's from
+	// before it saw the SendSM, declined with the rest, and dropped.
+	peerAdvs, smAfter int
+	smOpen, smSent    bool
+	smMSeq            uint32
+	ctrl              []ctrlMsg
+	threshold         int
+	eof               bool // the peer's DisConn came (after the queued data)
+	gone              bool // the connection's DISCONNECTED event came
+	wrClosed, closed  bool
+	err               error // the connection is broken: reset, protocol error
+	rdDeadline        time.Time
+	wrDeadline        time.Time
+	linger            int // SetLinger's; -1 by default
+	pollFor           time.Duration
+	stats             Stats
 }
 
 // Stats count what a connection did.
@@ -149,8 +183,9 @@ type rxMsg struct {
 
 // ctrlMsg is a message without data waiting for a credit.
 type ctrlMsg struct {
-	mid MID
-	n   uint32 // RdmaRdCompl's length
+	mid      MID
+	n        uint32 // RdmaRdCompl's length
+	declined int    // the SrcAvails a SendSM declines
 }
 
 // newConn sets up what a connection needs before it connects: an EVD for
@@ -181,7 +216,7 @@ func newConn(t *transport, zcopyThreshold int, pollFor time.Duration) (*Conn, er
 		return nil, err
 	}
 	if c.ep, err = t.ia.CreateEP(client.EPAttr{PZ: t.pz, RecvEVD: c.evd, RequestEVD: c.evd, ConnectEVD: c.evd,
-		SQDepth: sendBufs + 4, RQDepth: recvBufs, IRD: 1, ORD: 1}); err != nil {
+		SQDepth: sendBufs + maxReads + 4, RQDepth: recvBufs, IRD: maxReads, ORD: maxReads}); err != nil {
 		c.release()
 		return nil, err
 	}
@@ -227,8 +262,9 @@ func (c *Conn) release() {
 // start runs an established connection, whose peer posted peerBufs
 // receives of peerRcvSz octets: the completions that came early, then the
 // background goroutine.
-func (c *Conn) start(peerBufs uint16, peerRcvSz int) {
+func (c *Conn) start(peerBufs uint16, peerRcvSz int, peerAdverts uint8) {
 	c.peerBufs, c.peerRcvSz = peerBufs, peerRcvSz
+	c.peerAdverts = min(max(int(peerAdverts), 1), maxAdverts)
 	c.nextMSeq = 1 // the Hello and HelloAck were MSeq 0
 	c.advBufs = recvBufs
 	c.mu.Lock()
@@ -305,17 +341,23 @@ func (c *Conn) drain() bool {
 
 // wait is a call's wait until something changes or the deadline passes
 // (c.mu held, released meanwhile). Callers look at the deadline
-// themselves.
-func (c *Conn) wait(deadline time.Time) {
+// themselves. A call that waits for an answer within a round trip (a
+// Read for the next message) looks for it first (spin, see poll); one
+// that waits for a transfer (a Write for room, a Read for the RDMA Read
+// in flight) sleeps at once: what it waits for takes longer than a look,
+// and looking would only take the processor from the daemons that do the
+// transfer (on a host whose cores they share, a stream's rate was the same
+// either way, for less processor time asleep).
+func (c *Conn) wait(deadline time.Time, spin bool) {
 	c.fg++
-	c.await(deadline, false)
+	c.await(deadline, false, spin)
 	if c.fg--; c.fg == 0 && !c.polling {
 		c.notify() // the background goroutine takes over
 	}
 }
 
 // await waits as a call (bg false) or as the background goroutine.
-func (c *Conn) await(deadline time.Time, bg bool) {
+func (c *Conn) await(deadline time.Time, bg, spin bool) {
 	if c.drain() || pastDeadline(deadline) {
 		return
 	}
@@ -328,7 +370,7 @@ func (c *Conn) await(deadline time.Time, bg bool) {
 	}
 	c.polling, c.bgPolling = true, bg
 	c.mu.Unlock()
-	ev, err := c.poll(deadline, bg)
+	ev, err := c.poll(deadline, spin && !bg)
 	c.mu.Lock()
 	c.polling, c.bgPolling = false, false
 	switch {
@@ -351,21 +393,27 @@ func (c *Conn) evdFailed(err error) {
 }
 
 // DefaultPollFor is how long a waiting call looks for its event before it
-// sleeps on the EVD (Dialer.PollFor, ListenConfig.PollFor).
-const DefaultPollFor = 60 * time.Microsecond
+// sleeps on the EVD (Dialer.PollFor, ListenConfig.PollFor). It must be
+// longer than a round trip on a slow day: once the answer takes longer,
+// every round trip sleeps and pays a wake-up, and grows longer still.
+// With 60 µs, on a day this host's kernel TCP ping-pong took 22-31 µs
+// (twice its usual), the 1-octet round trip between two namespaces was
+// 180-220 µs on the xdp datapath; with 200 µs 24.5-29 µs (TCP's 23-27
+// in the same runs), with 500 µs 32-34 µs. In one process on two cores
+// (BenchmarkPingPong) 200 µs gives 43-90 µs, 60 µs 111-115 µs.
+const DefaultPollFor = 200 * time.Microsecond
 
 // poll takes the next event as the one asleep on the EVD (c.mu not held).
-// A call looks for c.pollFor first, yielding the processor between looks
-// (to the daemon that is to produce the answer, and to the other
+// With spin, a call looks for c.pollFor first, yielding the processor
+// between looks (to the daemon that is to produce the answer, and to the other
 // goroutines): an answer that comes within a round trip is then taken
 // without a wake-up, which costs about another round trip. Measured
-// between two namespaces (xdp datapath, both ends pinned to one core as
-// make bench pins them), the 1-octet round trip: asleep at once 70 µs,
-// 20 µs looking 64 µs, 40 µs 34 µs, 60 µs 24–29 µs, 100 µs 25 µs. Two
-// ends in one process on two cores do worse looking (100 µs, against 42
-// µs asleep): their looks take both processors.
-func (c *Conn) poll(deadline time.Time, bg bool) (client.Event, error) {
-	if !bg && c.pollFor > 0 {
+// first between two namespaces (xdp datapath, both ends pinned to one
+// core as make bench pins them), the 1-octet round trip: asleep at once
+// 70 µs, 20 µs looking 64 µs, 40 µs 34 µs, 60 µs 24–29 µs, 100 µs 25 µs;
+// later figures at DefaultPollFor.
+func (c *Conn) poll(deadline time.Time, spin bool) (client.Event, error) {
+	if spin && c.pollFor > 0 {
 		end := time.Now().Add(c.pollFor)
 		if !deadline.IsZero() && deadline.Before(end) {
 			end = deadline
@@ -410,7 +458,7 @@ func (c *Conn) background() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for !c.stopping {
-		c.await(time.Time{}, true)
+		c.await(time.Time{}, true, false)
 	}
 	c.bgDone = true
 	c.notify()
@@ -459,7 +507,7 @@ const settleAfter = 2 * time.Second
 // settle decides what the peer's disconnect means once no receive or Read
 // is outstanding (c.mu held).
 func (c *Conn) settle() {
-	if c.gone && c.posted == 0 && !c.reading {
+	if c.gone && c.posted == 0 && len(c.reads) == 0 {
 		c.settled()
 	}
 }
@@ -480,9 +528,12 @@ func (c *Conn) completion(ev client.Event) {
 	// The cookie is the buffer's index: receives below recvBufs, sends
 	// above; an RDMA Read's is readCookie.
 	idx := int(ev.Cookie)
+	readLen := 0
 	switch {
 	case ev.Cookie == readCookie:
-		c.reading = false
+		if len(c.reads) > 0 {
+			readLen, c.reads = c.reads[0], c.reads[1:]
+		}
 	case idx >= recvBufs && idx < recvBufs+sendBufs:
 		// Sends complete in order, and most are unsignaled: this one's
 		// completion is every earlier one's too.
@@ -510,7 +561,7 @@ func (c *Conn) completion(ev client.Event) {
 	}
 	switch {
 	case ev.Cookie == readCookie:
-		c.readDone()
+		c.readDone(readLen)
 	case idx < recvBufs && ev.Opcode == completion.OpRecv:
 		c.received(idx, int(ev.Length))
 	}
@@ -540,6 +591,9 @@ func (c *Conn) received(idx, n int) {
 	if int32(h.MSeqAck-c.peerAck) >= 0 {
 		c.peerAck, c.peerBufs = h.MSeqAck, h.Bufs
 	}
+	if c.smOpen && c.smSent && int32(h.MSeqAck-c.smMSeq) >= 0 {
+		c.smOpen = false // the peer has seen our SendSM
+	}
 	switch h.MID {
 	case MIDData:
 		if n > BSDHLen {
@@ -560,30 +614,50 @@ func (c *Conn) received(idx, n int) {
 			c.abort(fmt.Errorf("%w: SrcAvail of %d octets advertising %d", ErrMalformed, n, sa.Len))
 			return
 		}
+		if c.smOpen {
+			break // sent before the peer saw our SendSM: declined
+		}
+		if c.peerAdvs >= maxAdverts {
+			c.abort(fmt.Errorf("%w: a SrcAvail beyond the %d outstanding our MaxAdverts allows", ErrMalformed, maxAdverts))
+			return
+		}
+		c.peerAdvs++
 		c.queue = append(c.queue, rxMsg{zero: true, src: sa})
 		c.startRead()
 	case MIDSrcAvailCancel:
-		// Withdrawn before we began: decline it (SendSM), and the
-		// source sends the data by Bcopy; begun, it completes.
-		for i := len(c.queue) - 1; i >= 0; i-- {
-			if m := &c.queue[i]; m.zero {
-				if m.requested == 0 {
-					c.queue = append(c.queue[:i], c.queue[i+1:]...)
-					c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDSendSM})
-				}
-				break
+		// Withdrawn: those we have not begun to read are declined
+		// (SendSM), and the source sends their data by Bcopy; those
+		// begun complete, and their RdmaRdCompls go first, so that
+		// the SendSM answers every SrcAvail still outstanding, as our
+		// own source takes it.
+		d := 0
+		for i := 0; i < len(c.queue); {
+			if m := &c.queue[i]; m.zero && m.requested == 0 {
+				c.queue = append(c.queue[:i], c.queue[i+1:]...)
+				d++
+				continue
 			}
+			i++
+		}
+		if d > 0 {
+			c.smOpen, c.smSent = true, false
+			c.smAfter += d
+			c.declineAfterReads()
 		}
 	case MIDRdmaRdCompl:
-		if k := int(ParseLen(msg)); c.zAdv == 0 || c.zsrcSM || k != c.zAdv {
-			c.abort(fmt.Errorf("%w: RdmaRdCompl of %d octets, %d advertised", ErrMalformed, k, c.zAdv))
+		// It answers the oldest SrcAvail outstanding, whole.
+		if k := int(ParseLen(msg)); len(c.zAdvs) == 0 || c.zsrcSM || k != c.zAdvs[0] {
+			c.abort(fmt.Errorf("%w: RdmaRdCompl of %d octets, %v advertised", ErrMalformed, k, c.zAdvs))
 			return
 		}
-		c.zHead, c.zAdv = (c.zHead+c.zAdv)%zSize, 0
+		k := c.zAdvs[0]
+		c.zAdvs = c.zAdvs[1:]
+		c.zHead = (c.zHead + k) % zSize
 	case MIDSendSM:
-		// Our SrcAvail declined: its data goes by Bcopy (pump). With
-		// none outstanding there is nothing to end.
-		if c.zAdv > 0 {
+		// Our SrcAvails declined, every one outstanding: their data
+		// goes by Bcopy (pump), in order. With none outstanding there
+		// is nothing to end.
+		if len(c.zAdvs) > 0 {
 			c.zsrcSM = true
 		}
 	case MIDSinkAvail:
@@ -603,49 +677,63 @@ func (c *Conn) received(idx, n int) {
 // the next octet Read takes, sinkUsed the octets from there on that are
 // read or being read.
 
-// startRead posts the RDMA Read of the next part of the SrcAvails queued,
-// as much as fits in the sink region before its end, unless one is in
-// flight (c.mu held).
+// startRead posts RDMA Reads of the next parts of the SrcAvails queued,
+// each as much as fits in the sink region before its end, while fewer
+// than maxReads are in flight (c.mu held).
 func (c *Conn) startRead() {
-	if c.reading || c.err != nil || c.closed {
-		return
+	for len(c.reads) < maxReads && c.readNext() {
+	}
+}
+
+// readNext posts one RDMA Read, if there is a part to read and room for
+// it, and reports whether it did (c.mu held).
+func (c *Conn) readNext() bool {
+	if c.err != nil || c.closed {
+		return false
 	}
 	if c.sinkUsed == 0 {
 		c.sinkHead = 0 // whole parts rather than the ring's end
 	}
 	tail := (c.sinkHead + c.sinkUsed) % zSize
-	room := min(zSize-c.sinkUsed, zSize-tail)
+	room := min(zSize-c.sinkUsed, zSize-tail, zSize/maxReads)
 	if room == 0 {
-		return
+		return false
 	}
 	for i := range c.queue {
 		m := &c.queue[i]
 		if !m.zero || m.requested == int(m.src.Len) {
 			continue
 		}
+		if i >= maxSinkParts {
+			return false // until the application takes some
+		}
 		k := min(int(m.src.Len)-m.requested, room)
 		err := c.ep.PostRead(readCookie, client.Segment{LMR: c.lmr, Offset: uint64(zSinkOff + tail), Length: uint32(k)},
 			client.RemoteBuffer{Context: m.src.STag, Address: m.src.VA + uint64(m.requested)}, client.Signaled)
 		if err != nil {
 			c.abort(fmt.Errorf("sdp: RDMA Read: %w", err))
-			return
+			return false
 		}
 		m.requested += k
 		c.sinkUsed += k
-		c.readLen, c.reading = k, true
-		return
+		c.reads = append(c.reads, k)
+		return true
 	}
+	return false
 }
 
-// readDone: the RDMA Read in flight brought its part (c.mu held).
-func (c *Conn) readDone() {
+// readDone: the oldest RDMA Read in flight brought its part, readLen
+// octets (c.mu held). Reads complete in the order they were posted, and
+// each is of one SrcAvail, the first not yet arrived whole.
+func (c *Conn) readDone(readLen int) {
 	for i := range c.queue {
 		if m := &c.queue[i]; m.zero && m.arrived < m.requested {
-			m.arrived += c.readLen
+			m.arrived += readLen
 			if m.arrived == int(m.src.Len) {
 				// All of it is here: the source's region is free
 				// now, not once it is taken.
 				c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDRdmaRdCompl, n: m.src.Len})
+				c.declineAfterReads()
 			}
 			break
 		}
@@ -681,43 +769,82 @@ func (c *Conn) pump() {
 		if m.mid == MIDRdmaRdCompl {
 			p = binary.BigEndian.AppendUint32(nil, m.n)
 		}
+		mseq := c.nextMSeq
 		if err := c.send(m.mid, p); err != nil {
 			c.fail(fmt.Errorf("sdp: send: %w", err))
 			return
 		}
 		c.ctrl = c.ctrl[1:]
+		switch m.mid {
+		case MIDRdmaRdCompl:
+			c.peerAdvs--
+		case MIDSendSM:
+			c.peerAdvs -= m.declined
+			c.smSent, c.smMSeq = true, mseq
+		}
 	}
 	for c.zsrcSM && c.err == nil && c.credits() > reserve && len(c.free) > 0 {
-		at := c.zHead + c.zsrcSent
-		k := min(c.zAdv-c.zsrcSent, c.maxData())
+		// The advertised octets may wrap at the region's end (two
+		// SrcAvails, one each side of it).
+		adv := c.advertised()
+		at := (c.zHead + c.zsrcSent) % zSize
+		k := min(adv-c.zsrcSent, c.maxData(), zSize-at)
 		if err := c.send(MIDData, c.zbuf.Bytes[at:at+k]); err != nil {
 			c.fail(fmt.Errorf("sdp: send: %w", err))
 			return
 		}
-		if c.zsrcSent += k; c.zsrcSent == c.zAdv {
-			c.zHead, c.zAdv, c.zsrcSent, c.zsrcSM = (c.zHead+c.zAdv)%zSize, 0, 0, false
+		if c.zsrcSent += k; c.zsrcSent == adv {
+			c.zHead, c.zAdvs, c.zsrcSent, c.zsrcSM = (c.zHead+adv)%zSize, c.zAdvs[:0], 0, false
 			c.notify()
 		}
 	}
 	c.advertise()
 }
 
-// advertise sends a SrcAvail for the octets pending in the source region,
-// as many as lie before its end, once the last advertised are read (c.mu
-// held).
+// advertise sends SrcAvails for the octets pending in the source region
+// while fewer than the peer's MaxAdverts are outstanding, each as many
+// octets as lie before the region's end, and no more than the region's
+// share of one SrcAvail of those the peer allows, so that the next is
+// out before the sink has read the last (c.mu held).
 func (c *Conn) advertise() {
-	if c.zAdv > 0 || c.zPend == 0 || c.err != nil || c.credits() <= reserve || len(c.free) == 0 {
+	for len(c.zAdvs) < c.peerAdverts && c.zPend > 0 && !c.zsrcSM && c.err == nil && c.credits() > reserve && len(c.free) > 0 {
+		at := (c.zHead + c.advertised()) % zSize
+		k := min(c.zPend, zSize-at, zSize/c.peerAdverts)
+		var x [16]byte
+		SrcAvail{Len: uint32(k), STag: c.zlmr.Context, VA: c.zlmr.Address(uint64(at))}.Put(x[:])
+		if err := c.send(MIDSrcAvail, x[:]); err != nil {
+			c.fail(fmt.Errorf("sdp: send: %w", err))
+			return
+		}
+		c.zAdvs = append(c.zAdvs, k)
+		c.zPend -= k
+		c.notify()
+	}
+}
+
+// advertised is the octets of the SrcAvails outstanding (c.mu held).
+func (c *Conn) advertised() int {
+	n := 0
+	for _, k := range c.zAdvs {
+		n += k
+	}
+	return n
+}
+
+// declineAfterReads queues the SendSM for the SrcAvails a cancel declined
+// once no SrcAvail begun is still being read, so that it follows their
+// RdmaRdCompls (c.mu held).
+func (c *Conn) declineAfterReads() {
+	if c.smAfter == 0 {
 		return
 	}
-	k := min(c.zPend, zSize-c.zHead)
-	var x [16]byte
-	SrcAvail{Len: uint32(k), STag: c.zlmr.Context, VA: c.zlmr.Address(uint64(c.zHead))}.Put(x[:])
-	if err := c.send(MIDSrcAvail, x[:]); err != nil {
-		c.fail(fmt.Errorf("sdp: send: %w", err))
-		return
+	for i := range c.queue {
+		if m := &c.queue[i]; m.zero && m.arrived < int(m.src.Len) {
+			return
+		}
 	}
-	c.zAdv, c.zPend = k, c.zPend-k
-	c.notify()
+	c.ctrl = append(c.ctrl, ctrlMsg{mid: MIDSendSM, declined: c.smAfter})
+	c.smAfter = 0
 }
 
 // abort resets the connection: an AbortConn if a credit allows, then
@@ -770,13 +897,16 @@ func (c *Conn) send(mid MID, p []byte) error {
 	h := BSDH{MID: mid, Bufs: uint16(c.posted), Len: uint32(BSDHLen + len(p)), MSeq: c.nextMSeq, MSeqAck: c.lastRecv}
 	h.Put(b)
 	copy(b[BSDHLen:], p)
-	// A Data message is signaled only when the send buffers run below
-	// half, so that a completion is one wake-up per several messages,
-	// not one per message; a message without data always is, so that
-	// the last send of a connection (a DisConn, or a credit update
-	// after it) completes.
+	// A Data message, a SrcAvail and an RdmaRdCompl are signaled only
+	// when the send buffers run below half, so that a completion is one
+	// wake-up per several messages, not one per message; any other
+	// message always is, so that the last send of a connection (a
+	// DisConn, or a credit update after it) completes.
 	var flags client.Flags
-	if mid != MIDData || len(p) == 0 || len(c.free)-1 < sendBufs/2 {
+	// After our DisConn (wrClosed) every message is signaled: Close
+	// waits for the last to complete.
+	streaming := !c.wrClosed && (mid == MIDData && len(p) > 0 || mid == MIDSrcAvail || mid == MIDRdmaRdCompl)
+	if !streaming || len(c.free)-1 < sendBufs/2 {
 		flags = client.Signaled
 	}
 	if err := c.ep.PostSend(uint64(idx), []client.Segment{c.seg(idx, int(h.Len))}, flags); err != nil {
@@ -824,12 +954,14 @@ func (c *Conn) Read(b []byte) (int, error) {
 			if c.err != nil {
 				return 0, c.opErr("read", c.err)
 			}
+			c.wait(c.rdDeadline, false)
+			continue
 		case c.eof:
 			return 0, io.EOF
 		case c.err != nil:
 			return 0, c.opErr("read", c.err)
 		}
-		c.wait(c.rdDeadline)
+		c.wait(c.rdDeadline, true)
 	}
 }
 
@@ -861,10 +993,10 @@ func (c *Conn) Write(b []byte) (int, error) {
 		// next in the stream). The region is the connection's send
 		// buffer: a Write returns once its octets are there, and the
 		// next SrcAvail advertises all that gathered meanwhile.
-		if rest := len(b) - n; c.zAdv+c.zPend > 0 || c.threshold > 0 && rest >= c.threshold {
-			if space := zSize - c.zAdv - c.zPend; space > 0 {
+		if rest, held := len(b)-n, c.advertised()+c.zPend; held > 0 || c.threshold > 0 && rest >= c.threshold {
+			if space := zSize - held; space > 0 {
 				k := min(rest, space)
-				tail := (c.zHead + c.zAdv + c.zPend) % zSize
+				tail := (c.zHead + held) % zSize
 				m := copy(c.zbuf.Bytes[tail:], b[n:n+k])
 				copy(c.zbuf.Bytes, b[n+m:n+k])
 				c.zPend += k
@@ -882,7 +1014,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 			n += k
 			continue
 		}
-		c.wait(c.wrDeadline)
+		c.wait(c.wrDeadline, false)
 	}
 	return n, nil
 }
@@ -919,11 +1051,11 @@ func (c *Conn) disconnect(deadline time.Time) error {
 		return nil
 	}
 	// After every octet written: the source region's too.
-	for c.err == nil && (c.credits() < 2 || len(c.free) == 0 || c.zAdv+c.zPend > 0) {
+	for c.err == nil && (c.credits() < 2 || len(c.free) == 0 || c.advertised()+c.zPend > 0) {
 		if pastDeadline(deadline) {
 			return os.ErrDeadlineExceeded
 		}
-		c.wait(deadline)
+		c.wait(deadline, false)
 	}
 	if c.err != nil {
 		return c.err
@@ -983,7 +1115,11 @@ func (c *Conn) setOK() error {
 
 // Close closes the connection: Reads and Writes waiting return
 // net.ErrClosed, and the data written goes to the peer before its DisConn
-// (see SetLinger).
+// (see SetLinger). Unlike a kernel socket's, that goes on in this process:
+// one that exits at once after Close resets what had not gone (the daemon
+// aborts a departed session's connections). SetLinger(n) with n > 0 makes
+// Close wait for it, and so, in effect, does CloseWrite followed by
+// reading to the EOF of a peer that closes once it has read everything.
 func (c *Conn) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -1015,12 +1151,12 @@ func (c *Conn) Close() error {
 func (c *Conn) finish(deadline time.Time) {
 	c.mu.Lock()
 	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(deadline) == nil
-	for graceful && c.err == nil && (c.sendsOut > 0 || c.zAdv+c.zPend > 0) {
+	for graceful && c.err == nil && (c.sendsOut > 0 || c.advertised()+c.zPend > 0) {
 		if pastDeadline(deadline) {
 			graceful = false
 			break
 		}
-		c.wait(deadline)
+		c.wait(deadline, false)
 	}
 	graceful = graceful && c.err == nil
 	// The background goroutine, and a call asleep on the EVD when Close

@@ -221,7 +221,7 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
 	local, _ := netip.ParseAddr(t.ia.Attr().Address)
-	hello := Hello{BSDH: BSDH{Bufs: recvBufs}, Version: Version, IPVersion: ipVersion(ap.Addr()), MaxAdverts: 1,
+	hello := Hello{BSDH: BSDH{Bufs: recvBufs}, Version: Version, IPVersion: ipVersion(ap.Addr()), MaxAdverts: maxAdverts,
 		DesRemRcvSz: bufSize, LocalRcvSz: bufSize, Src: local, Dst: ap.Addr().Unmap()}
 	var info client.EPInfo
 	var ack HelloAck
@@ -243,7 +243,7 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
 	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
-	c.start(ack.Bufs, int(ack.ActRcvSz))
+	c.start(ack.Bufs, int(ack.ActRcvSz), ack.MaxAdverts)
 	// MPA's responder sends nothing before the initiator's first FPDU
 	// (RFC 5044 §7.1.2): a credit update at once lets the accepting
 	// side write first, as a TCP server may.

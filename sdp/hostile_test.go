@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -41,7 +42,8 @@ func newRawPeer(t *testing.T, sock string) *rawPeer {
 	p := &rawPeer{ia: ia}
 	pz, _ := ia.CreatePZ()
 	p.pz = pz
-	p.buf, _ = ia.Alloc(1 << 20)
+	// 16 receive buffers of 64 KiB, then 8 send buffers.
+	p.buf, _ = ia.Alloc(3 << 19)
 	p.lmr, _ = pz.RegisterLMR(p.buf, client.LocalWrite|client.RemoteRead)
 	p.evd, _ = ia.CreateEVD(client.EVDOptions{Depth: 64, Kind: client.DTOEvents | client.ConnectionEvents})
 	p.ep, err = ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: p.evd, RequestEVD: p.evd, ConnectEVD: p.evd, SQDepth: 16, RQDepth: 16, IRD: 1, ORD: 1})
@@ -75,7 +77,7 @@ func (p *rawPeer) connect(t *testing.T, addr string, pd []byte) client.ConnEvent
 // send posts msg as one Send.
 func (p *rawPeer) send(t *testing.T, msg []byte) {
 	t.Helper()
-	off := uint64(1<<19) + uint64(p.sent%8)<<16
+	off := uint64(1<<20) + uint64(p.sent%8)<<16
 	p.sent++
 	copy(p.buf.Bytes[off:], msg)
 	if err := p.ep.PostSend(99, []client.Segment{{LMR: p.lmr, Offset: off, Length: uint32(len(msg))}}, 0); err != nil {
@@ -83,8 +85,11 @@ func (p *rawPeer) send(t *testing.T, msg []byte) {
 	}
 }
 
-func hello() []byte {
-	h := sdp.Hello{BSDH: sdp.BSDH{Bufs: 16}, Version: sdp.Version, IPVersion: 4, MaxAdverts: 1, DesRemRcvSz: 1 << 16, LocalRcvSz: 1 << 16}
+func hello() []byte { return helloAdverts(1) }
+
+// helloAdverts is a Hello that takes n SrcAvails outstanding.
+func helloAdverts(n uint8) []byte {
+	h := sdp.Hello{BSDH: sdp.BSDH{Bufs: 16}, Version: sdp.Version, IPVersion: 4, MaxAdverts: n, DesRemRcvSz: 1 << 16, LocalRcvSz: 1 << 16}
 	return h.Marshal()
 }
 
@@ -99,6 +104,12 @@ func msg(mid sdp.MID, mseq uint32, data []byte) []byte {
 // the connection ln accepted.
 func rawClient(t *testing.T, sock string, ln net.Listener) (*rawPeer, net.Conn) {
 	t.Helper()
+	return rawClientHello(t, sock, ln, hello())
+}
+
+// rawClientHello is rawClient with the Hello pd.
+func rawClientHello(t *testing.T, sock string, ln net.Listener, pd []byte) (*rawPeer, net.Conn) {
+	t.Helper()
 	p := newRawPeer(t, sock)
 	type res struct {
 		c   net.Conn
@@ -106,7 +117,7 @@ func rawClient(t *testing.T, sock string, ln net.Listener) (*rawPeer, net.Conn) 
 	}
 	ch := make(chan res, 1)
 	go func() { c, err := acceptOne(ln, 10*time.Second); ch <- res{c, err} }()
-	if ev := p.connect(t, ln.Addr().String(), hello()); ev != client.Established {
+	if ev := p.connect(t, ln.Addr().String(), pd); ev != client.Established {
 		t.Fatalf("connect: %v", ev)
 	}
 	r := <-ch
@@ -306,20 +317,8 @@ func TestSrcAvailFromPeer(t *testing.T) {
 	defer c.Close()
 	// The source's region: a buffer of its own.
 	const n = 300 << 10
-	srcBuf, err := p.ia.Alloc(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	copy(srcBuf.Bytes, pattern(n, 1))
-	srcLMR, err := p.pz.RegisterLMR(srcBuf, client.RemoteRead)
-	if err != nil {
-		t.Fatal(err)
-	}
-	avail := func(mseq uint32) []byte {
-		var x [16]byte
-		sdp.SrcAvail{Len: n, STag: srcLMR.Context, VA: srcLMR.Address(0)}.Put(x[:])
-		return msg(sdp.MIDSrcAvail, mseq, x[:])
-	}
+	src := newSource(t, p, n, 1)
+	avail := func(mseq uint32) []byte { return src.avail(mseq, n) }
 	p.send(t, msg(sdp.MIDData, 1, []byte("head")))
 	p.send(t, avail(2))
 	p.send(t, msg(sdp.MIDData, 3, []byte("tail")))
@@ -386,6 +385,278 @@ func TestSrcAvailDeclined(t *testing.T) {
 	if !bytes.Equal(got, data) {
 		t.Fatal("the declined SrcAvail's data differs")
 	}
+}
+
+// Our SrcAvails, several outstanding to a peer whose Hello takes them,
+// declined together by one SendSM: all their data comes by Bcopy, whole
+// and in order; the second time with SrcAvails on both sides of the source
+// region's end, which the Bcopy wraps with them (found in review).
+func TestSrcAvailsDeclinedTogether(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClientHello(t, sock, ln, helloAdverts(sdp.MaxAdverts))
+	defer c.Close()
+	p.send(t, msg(sdp.MIDData, 1, nil))
+	mseq := uint32(2)
+	var last uint32
+	credit := func(mid sdp.MID) {
+		b := make([]byte, sdp.BSDHLen)
+		sdp.BSDH{MID: mid, Bufs: 16, Len: sdp.BSDHLen, MSeq: mseq, MSeqAck: last}.Put(b)
+		p.send(t, b)
+		mseq++
+	}
+	for round, data := range [][]byte{pattern(3*sdp.ZSize/4, 5), pattern(sdp.ZSize/2, 6)} {
+		if _, err := c.Write(data); err != nil {
+			t.Fatal(err)
+		}
+		advertised := 0
+		var vas []uint64
+		for advertised < len(data) {
+			h, m := p.recv(t)
+			last = h.MSeq
+			if h.MID != sdp.MIDSrcAvail {
+				if h.MID == sdp.MIDData && h.Len == sdp.BSDHLen {
+					continue
+				}
+				t.Fatalf("round %d: %v", round, h.MID)
+			}
+			sa := sdp.ParseSrcAvail(m)
+			vas = append(vas, sa.VA)
+			advertised += int(sa.Len)
+		}
+		if len(vas) < 2 || len(vas) > sdp.MaxAdverts {
+			t.Fatalf("round %d: %d SrcAvails outstanding, want 2 to %d", round, len(vas), sdp.MaxAdverts)
+		}
+		if round == 1 && !slices.ContainsFunc(vas[1:], func(va uint64) bool { return va < vas[0] }) {
+			t.Fatalf("round %d: SrcAvails at %x, want some past the region's end", round, vas)
+		}
+		credit(sdp.MIDSendSM)
+		var got []byte
+		for k := 1; len(got) < len(data); k++ {
+			h, m := p.recv(t)
+			if h.MID != sdp.MIDData {
+				t.Fatalf("round %d after SendSM: %v", round, h.MID)
+			}
+			last = h.MSeq
+			got = append(got, m[sdp.BSDHLen:]...)
+			if k%8 == 0 {
+				credit(sdp.MIDData)
+			}
+		}
+		if !bytes.Equal(got, data) {
+			t.Fatalf("round %d: the declined data differs", round)
+		}
+		credit(sdp.MIDData)
+	}
+}
+
+// A peer that keeps more SrcAvails outstanding than our Hello allowed is
+// reset, after the application has what was read of them; as many as it
+// allowed are taken.
+func TestSrcAvailBeyondMaxAdverts(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	src := newSource(t, p, sdp.ZSize, 9)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	read := func(want []byte) {
+		t.Helper()
+		got := make([]byte, len(want))
+		if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("read %d octets: %v (equal %v)", len(want), err, bytes.Equal(got, want))
+		}
+	}
+	mseq := uint32(1)
+	avail := func(n int) {
+		p.send(t, src.avail(mseq, n))
+		mseq++
+	}
+	// The first fills the sink's region (the application reads
+	// nothing yet), by RDMA Reads from a peer whose IRD is 1, and is
+	// answered; those after it wait for room.
+	fill := func() {
+		t.Helper()
+		avail(sdp.ZSize)
+		if h, m := p.recv(t); h.MID != sdp.MIDRdmaRdCompl || sdp.ParseLen(m) != sdp.ZSize {
+			t.Fatalf("the source got %v (%d octets), want RdmaRdCompl of %d", h.MID, sdp.ParseLen(m), sdp.ZSize)
+		}
+	}
+	fill()
+	for range sdp.MaxAdverts {
+		avail(1000)
+	}
+	// As many as MaxAdverts outstanding are taken: once there is room
+	// they are read and answered.
+	read(pattern(sdp.ZSize, 9))
+	for i := range sdp.MaxAdverts {
+		if h, m := p.recv(t); h.MID != sdp.MIDRdmaRdCompl || sdp.ParseLen(m) != 1000 {
+			t.Fatalf("SrcAvail %d of %d outstanding: the source got %v (%d octets), want RdmaRdCompl of 1000", i+2, sdp.MaxAdverts, h.MID, sdp.ParseLen(m))
+		}
+	}
+	for range sdp.MaxAdverts {
+		read(pattern(1000, 9))
+	}
+	// One more is not.
+	fill()
+	for range sdp.MaxAdverts + 1 {
+		avail(1000)
+	}
+	if h, _ := p.recv(t); h.MID != sdp.MIDAbortConn {
+		t.Fatalf("after %d SrcAvails outstanding the peer got %v, want AbortConn", sdp.MaxAdverts+1, h.MID)
+	}
+	got, err := io.ReadAll(c)
+	if !bytes.Equal(got, pattern(sdp.ZSize, 9)) {
+		t.Errorf("read %d octets before the error, want the first SrcAvail's %d", len(got), sdp.ZSize)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("read error %v, want a reset", err)
+	}
+}
+
+// A SrcAvail stays outstanding until its RdmaRdCompl is sent, not only
+// until it is read: a peer that gives no credits for the answers and
+// sends SrcAvail after SrcAvail, each read at once, is reset past
+// MaxAdverts instead of growing what waits to be sent (found in review).
+func TestSrcAvailsUnansweredForLackOfCredits(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	src := newSource(t, p, 1<<16, 3)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	for i := range sdp.MaxAdverts + 1 {
+		b := src.avail(uint32(1+i), 1000)
+		binary.BigEndian.PutUint16(b[2:], 0) // Bufs 0: no credit for the answer
+		p.send(t, b)
+		if i == sdp.MaxAdverts {
+			break
+		}
+		got := make([]byte, 1000)
+		if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, pattern(1000, 3)) {
+			t.Fatalf("SrcAvail %d: %v", i+1, err)
+		}
+	}
+	if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("after %d SrcAvails unanswered: read error %v, want a reset", sdp.MaxAdverts+1, err)
+	}
+}
+
+// A SrcAvailCancel with several SrcAvails waiting for room declines all of
+// them in one SendSM, which comes after the RdmaRdCompls of those begun
+// and answers every one outstanding, as our source takes a SendSM; the
+// source's Bcopy of their data follows what was read (found in review).
+func TestCancelWithSeveralQueued(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	src := newSource(t, p, sdp.ZSize, 9)
+	p.send(t, src.avail(1, sdp.ZSize)) // fills the sink's region
+	if h, _ := p.recv(t); h.MID != sdp.MIDRdmaRdCompl {
+		t.Fatalf("got %v, want RdmaRdCompl", h.MID)
+	}
+	p.send(t, src.avail(2, 1000))
+	p.send(t, src.avail(3, 1000))
+	p.send(t, msg(sdp.MIDSrcAvailCancel, 4, nil))
+	h, _ := p.recv(t)
+	if h.MID != sdp.MIDSendSM {
+		t.Fatalf("got %v, want SendSM", h.MID)
+	}
+	// The declined data by Bcopy, acknowledging the SendSM; a SrcAvail
+	// the source sent before it saw the SendSM is dropped.
+	stale := src.avail(5, 1000)
+	p.send(t, stale)
+	b := msg(sdp.MIDData, 6, pattern(2000, 1))
+	binary.BigEndian.PutUint32(b[12:], h.MSeq) // MSeqAck
+	p.send(t, b)
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	want := append(pattern(sdp.ZSize, 9), pattern(2000, 1)...)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read: %v (equal %v)", err, bytes.Equal(got, want))
+	}
+	// Nothing more: the next message of ours is the answer to a
+	// SrcAvail sent after the SendSM was seen.
+	a := src.avail(7, 500)
+	binary.BigEndian.PutUint32(a[12:], h.MSeq)
+	p.send(t, a)
+	got = make([]byte, 500)
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, pattern(500, 9)) {
+		t.Fatalf("read after the SendSM was seen: %v", err)
+	}
+	for {
+		h, m := p.recv(t)
+		if h.MID == sdp.MIDData && h.Len == sdp.BSDHLen {
+			continue // a credit update
+		}
+		if h.MID != sdp.MIDRdmaRdCompl || sdp.ParseLen(m) != 500 {
+			t.Fatalf("after SendSM the source got %v of %d, want RdmaRdCompl of 500", h.MID, sdp.ParseLen(m))
+		}
+		break
+	}
+}
+
+// A half-closed connection that then receives by Read Zcopy answers with
+// an RdmaRdCompl after its DisConn; Close does not wait out its linger for
+// it (found in review: an unsignaled answer never completed).
+func TestCloseAfterHalfCloseAndZcopy(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	p.send(t, msg(sdp.MIDData, 1, nil))
+	if err := c.(*sdp.Conn).CloseWrite(); err != nil {
+		t.Fatal(err)
+	}
+	if h, _ := p.recv(t); h.MID != sdp.MIDDisConn {
+		t.Fatalf("after CloseWrite the peer got %v", h.MID)
+	}
+	const n = 100 << 10
+	src := newSource(t, p, n, 4)
+	p.send(t, src.avail(2, n))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, n)
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, pattern(n, 4)) {
+		t.Fatalf("read: %v", err)
+	}
+	if h, _ := p.recv(t); h.MID != sdp.MIDRdmaRdCompl {
+		t.Fatalf("the peer got %v, want RdmaRdCompl", h.MID)
+	}
+	c.(*sdp.Conn).SetLinger(30)
+	start := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("Close took %v: it waited out its linger", d)
+	}
+}
+
+// source is a raw peer's Read Zcopy source region of n octets, pattern
+// seed.
+type source struct {
+	lmr *client.LMR
+}
+
+func newSource(t *testing.T, p *rawPeer, n int, seed byte) *source {
+	t.Helper()
+	buf, err := p.ia.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(buf.Bytes, pattern(n, seed))
+	lmr, err := p.pz.RegisterLMR(buf, client.RemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &source{lmr: lmr}
+}
+
+// avail is a SrcAvail, MSeq mseq, of the region's first n octets.
+func (s *source) avail(mseq uint32, n int) []byte {
+	var x [16]byte
+	sdp.SrcAvail{Len: uint32(n), STag: s.lmr.Context, VA: s.lmr.Address(0)}.Put(x[:])
+	return msg(sdp.MIDSrcAvail, mseq, x[:])
 }
 
 // A peer whose process dies (its session with the daemon ends at once),

@@ -274,7 +274,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 		_ = ev.CR.Reject(nil)
 		return nil, err
 	}
-	ack := HelloAck{BSDH: BSDH{Bufs: recvBufs}, Version: Version, MaxAdverts: 1, ActRcvSz: bufSize}
+	ack := HelloAck{BSDH: BSDH{Bufs: recvBufs}, Version: Version, MaxAdverts: maxAdverts, ActRcvSz: bufSize}
 	if err := ev.CR.Accept(c.ep, ack.Marshal()); err != nil {
 		return nil, err
 	}
@@ -282,7 +282,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 		return nil, err
 	}
 	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
-	c.start(hello.Bufs, int(hello.LocalRcvSz))
+	c.start(hello.Bufs, int(hello.LocalRcvSz), hello.MaxAdverts)
 	started = true
 	return c, nil
 }

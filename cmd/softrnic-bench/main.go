@@ -200,8 +200,6 @@ func (b *bench) run(outDir string, mtu int, base baselineOpts) error {
 		if err != nil {
 			return err
 		}
-		sd.SendRatio = sd.Stream64K.Gbps / k.Send[slices.Index(sizes, 65536)].Gbps
-		sd.TCPRatio = sd.PingPong.Median / res.KernelTCPLat.Median
 		res.SDP[dp] = sd
 		for _, pts := range [][]Point{k.Write, k.Read, k.Send} {
 			for i := range pts {
