@@ -139,7 +139,7 @@ func TestSessionEndRejectsQueuedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := &Server{log: quiet(), dev: dev, sessions: map[*session]struct{}{}}
-	s, err := newSession(srv, fc.(*net.UnixConn), 1, &unix.Ucred{})
+	s, err := newSession(srv, fc.(*net.UnixConn), 1, &unix.Ucred{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/internal/procmem"
+	"github.com/softrnic/softrnic/internal/testenv"
 )
 
 // readableAddr is the start of a readable mapping of process pid.
@@ -43,7 +44,8 @@ func readableAddr(t *testing.T, pid int) uint64 {
 }
 
 // sessionOf is a session, not yet served, of the process pid, as if it had
-// connected: its socket's other end is closed at once.
+// connected (the pidfd taken now): its socket's other end is closed at
+// once.
 func sessionOf(t *testing.T, srv *Server, pid int) *session {
 	t.Helper()
 	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
@@ -57,7 +59,11 @@ func sessionOf(t *testing.T, srv *Server, pid int) *session {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := newSession(srv, c.(*net.UnixConn), 1, &unix.Ucred{Pid: int32(pid), Uid: uint32(os.Getuid())})
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSession(srv, c.(*net.UnixConn), 1, &unix.Ucred{Pid: int32(pid), Uid: uint32(os.Getuid())}, os.NewFile(uintptr(pidfd), "pidfd"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,5 +149,63 @@ func TestSessionProcessMemoryDiesWithTheProcess(t *testing.T) {
 	}
 	if _, err := register(va+3, 16); !errors.Is(err, &ctl.Error{Status: ctl.InvalidAddress}) {
 		t.Fatalf("registering memory of the exited process: %v", err)
+	}
+}
+
+// A session's process memory is its process's, never that of one given
+// the PID after it exited: here the PID is given, through ns_last_pid, to
+// another process of the same user, which a registration (from a fork
+// child that holds the socket on, say) would otherwise open and read.
+func TestSessionProcessMemoryNeverOfAReusedPID(t *testing.T) {
+	const lastPID = "/proc/sys/kernel/ns_last_pid"
+	testenv.RequireRoot(t) // to write ns_last_pid
+	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	first := exec.Command("sleep", "60")
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	pid := first.Process.Pid
+	s := sessionOf(t, srv, pid)
+	defer s.close()
+	first.Process.Kill()
+	first.Wait()
+
+	// Give the PID to another process: the kernel hands out the one
+	// after ns_last_pid, if nothing forks in between.
+	var second *exec.Cmd
+	for try := 0; try < 100 && second == nil; try++ {
+		if err := os.WriteFile(lastPID, []byte(strconv.Itoa(pid-1)), 0); err != nil {
+			t.Fatal(err)
+		}
+		c := exec.Command("sleep", "60")
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if c.Process.Pid == pid {
+			second = c
+			break
+		}
+		c.Process.Kill()
+		c.Wait()
+	}
+	if second == nil {
+		t.Fatalf("PID %d was not given again in 100 tries", pid)
+	}
+	defer func() {
+		second.Process.Kill()
+		second.Wait()
+	}()
+	va := readableAddr(t, pid)
+	r, _, err := s.createPZ()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = s.registerProcessMemory(&ctl.RegisterProcessMemory{PZ: r.(*ctl.CreatePZReply).PZ, VA: va, Length: 16, Access: ctl.AccessLocalWrite})
+	if !errors.Is(err, &ctl.Error{Status: ctl.InvalidAddress}) {
+		t.Fatalf("registering memory of PID %d, now another process's: %v, want INVALID_ADDRESS", pid, err)
 	}
 }

@@ -348,19 +348,22 @@ func (s *Server) Serve() error {
 			c.Close()
 			continue
 		}
+		pidfd := peerPidfd(c, cred)
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
 			c.Close()
+			closePidfd(pidfd)
 			<-s.stopped
 			return nil
 		}
 		s.nextSess++
-		sess, err := newSession(s, c, s.nextSess, cred)
+		sess, err := newSession(s, c, s.nextSess, cred, pidfd)
 		if err != nil {
 			s.mu.Unlock()
 			s.log.Warn("session", "err", err)
 			c.Close()
+			closePidfd(pidfd)
 			continue
 		}
 		s.sessions[sess] = struct{}{}
@@ -387,6 +390,43 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, err
 	}
 	return cred, cerr
+}
+
+// peerPidfd is a pidfd of the process that connected c, as cred names it,
+// nil if there is none (it is in another PID namespace, or gone): what the
+// session's process memory is opened by (session.process), so that it is
+// never the memory of a process that was given the PID after the client's
+// exited (a fork child may hold the socket on). SO_PEERPIDFD (Linux 6.5)
+// names the process that connected; before it, pidfd_open of cred's PID at
+// accept leaves a window as short as the accept's wait: a process that
+// exits before the daemon accepts its connection, and whose PID is given
+// to another process of its user meanwhile.
+func peerPidfd(c *net.UnixConn, cred *unix.Ucred) *os.File {
+	if cred.Pid <= 0 {
+		return nil
+	}
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return nil
+	}
+	fd, gerr := -1, error(nil)
+	if err := rc.Control(func(s uintptr) { fd, gerr = unix.GetsockoptInt(int(s), unix.SOL_SOCKET, unix.SO_PEERPIDFD) }); err != nil {
+		return nil
+	}
+	if errors.Is(gerr, unix.ENOPROTOOPT) {
+		fd, gerr = unix.PidfdOpen(int(cred.Pid), 0)
+	}
+	if gerr != nil || fd < 0 {
+		return nil
+	}
+	unix.CloseOnExec(fd)
+	return os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", cred.Pid))
+}
+
+func closePidfd(f *os.File) {
+	if f != nil {
+		_ = f.Close()
+	}
 }
 
 // Close stops accepting, ends every session (their connections are closed,

@@ -41,6 +41,9 @@ type session struct {
 	conn *net.UnixConn
 	id   uint32
 	cred *unix.Ucred
+	// pidfd names the process that connected (peerPidfd), nil if none;
+	// the session's until its end.
+	pidfd *os.File
 
 	mu      sync.Mutex
 	objects map[uint32]any
@@ -86,7 +89,7 @@ type session struct {
 	loops sync.WaitGroup
 }
 
-func newSession(srv *Server, c *net.UnixConn, id uint32, cred *unix.Ucred) (*session, error) {
+func newSession(srv *Server, c *net.UnixConn, id uint32, cred *unix.Ucred, pidfd *os.File) (*session, error) {
 	db, err := shm.NewEventfd()
 	if err != nil {
 		return nil, err
@@ -102,7 +105,7 @@ func newSession(srv *Server, c *net.UnixConn, id uint32, cred *unix.Ucred) (*ses
 		region.Close()
 		return nil, err
 	}
-	return &session{srv: srv, conn: c, id: id, cred: cred, objects: map[uint32]any{},
+	return &session{srv: srv, conn: c, id: id, cred: cred, pidfd: pidfd, objects: map[uint32]any{},
 		doorbell: db, wake: make(chan struct{}, 1), done: make(chan struct{}), region: region, heap: heap}, nil
 }
 
@@ -457,7 +460,7 @@ func (s *session) addLMR(p *pz, mr *rnic.MR, m []byte) (any, []*os.File, error) 
 }
 
 // registerProcessMemory registers [VA, VA+Length) of the session's own
-// process (the PID SO_PEERCRED gave, in the daemon's PID namespace), which
+// process (the one that connected, by the pidfd taken then), which
 // the engine reaches through its /proc/PID/mem (internal/procmem):
 // nothing is shared or pinned, so the range may be any octets the process
 // has, and its pages stay its own across fork. The engine works on a shadow
@@ -514,7 +517,7 @@ func (s *session) process() (*procmem.Process, error) {
 	if s.proc != nil {
 		return s.proc, nil
 	}
-	p, err := procmem.OpenOwned(int(s.cred.Pid), &procmem.Owner{UID: s.cred.Uid, GID: s.cred.Gid})
+	p, err := procmem.OpenPidfd(s.pidfd, int(s.cred.Pid), &procmem.Owner{UID: s.cred.Uid, GID: s.cred.Gid})
 	switch {
 	case errors.Is(err, unix.ESRCH), errors.Is(err, unix.EINVAL):
 		// Gone, or not in the daemon's PID namespace (SO_PEERCRED
@@ -943,6 +946,7 @@ func (s *session) close() {
 		// memory dead rather than touching it.
 		_ = s.proc.Close()
 	}
+	closePidfd(s.pidfd)
 	s.conn.Close()
 	if err := s.region.Close(); err != nil {
 		s.srv.log.Error("unmapping a session's region", "session", s.id, "err", err)

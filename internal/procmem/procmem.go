@@ -102,7 +102,32 @@ func OpenOwned(pid int, owner *Owner) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("procmem: pidfd_open %d: %w", pid, err)
 	}
-	f := os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid))
+	return open(os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid)), pid, owner)
+}
+
+// OpenPidfd is OpenOwned of the process pidfd names, pid its number in
+// the caller's PID namespace: for a caller that took the pidfd when it met
+// the process (a daemon, as its client connected: SO_PEERPIDFD), so that a
+// process that exited since, whose PID the kernel may have given to
+// another, is never opened (ESRCH). pidfd stays the caller's.
+func OpenPidfd(pidfd *os.File, pid int, owner *Owner) (*Process, error) {
+	if pidfd == nil || pid <= 0 {
+		return nil, fmt.Errorf("procmem: open process %d: %w", pid, unix.ESRCH)
+	}
+	fd, err := unix.FcntlInt(pidfd.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("procmem: dup pidfd of %d: %w", pid, err)
+	}
+	if err := unix.SetNonblock(fd, true); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("procmem: pidfd of %d: %w", pid, err)
+	}
+	return open(os.NewFile(uintptr(fd), fmt.Sprintf("pidfd:%d", pid)), pid, owner)
+}
+
+// open opens the memory of process pid, which the non-blocking pidfd f
+// names (f is the Process's, or closed on failure).
+func open(f *os.File, pid int, owner *Owner) (*Process, error) {
 	mem, err := os.OpenFile(fmt.Sprintf("/proc/%d/mem", pid), os.O_RDWR, 0)
 	if err != nil {
 		f.Close()
@@ -118,8 +143,8 @@ func OpenOwned(pid int, owner *Owner) (*Process, error) {
 			return nil, err
 		}
 	}
-	// Still the process the pidfd names: the PID was not reused
-	// between pidfd_open and the open of its memory.
+	// Still the process the pidfd names, not exited: the PID was not
+	// reused between the pidfd's taking and the open of its memory.
 	if readable(int(f.Fd())) {
 		f.Close()
 		mem.Close()
@@ -130,11 +155,13 @@ func OpenOwned(pid int, owner *Owner) (*Process, error) {
 	// of a live process dead.
 	if err := f.SetReadDeadline(time.Time{}); err != nil {
 		f.Close()
+		mem.Close()
 		return nil, fmt.Errorf("procmem: pidfd of %d cannot be polled: %w", pid, err)
 	}
 	rc, err := f.SyscallConn()
 	if err != nil {
 		f.Close()
+		mem.Close()
 		return nil, fmt.Errorf("procmem: pidfd of %d: %w", pid, err)
 	}
 	p := &Process{pid: pid, pidfd: f, mem: mem, done: make(chan struct{})}
@@ -229,9 +256,10 @@ func (p *Process) copy(b []byte, addr uint64, write bool) error {
 		case errors.Is(err, os.ErrClosed):
 			p.dead.Store(true)
 			return p.fail(write, addr, len(b), ErrExited)
-		case errors.Is(err, unix.EIO), errors.Is(err, io.EOF):
+		case errors.Is(err, unix.EIO), errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF):
 			// What /proc/PID/mem answers for an address with no
-			// mapping, and once the memory image is gone.
+			// mapping, and once the memory image is gone (a write
+			// of nothing: os.File.WriteAt says ErrUnexpectedEOF).
 			return p.fail(write, addr, len(b), unix.EFAULT)
 		case errors.Is(err, unix.ESRCH):
 			// Gone before the watcher saw it: dead for good, as
