@@ -183,9 +183,13 @@ func (s *Server) startIB() *ibListener {
 		l.park = DefaultIBConnParkTimeout
 	}
 	// The listener's own bound is the wait for the MPA Request (a peer
-	// that connects and stalls); a parked request is rejected by its
-	// timer first, with the reason that has the active side try again.
-	ln, err := s.dev.Listen(net.JoinHostPort(s.addr.String(), strconv.Itoa(port)), rnic.ListenOptions{RequestTimeout: l.park + time.Second})
+	// that connects and stalls). A parked request is rejected by its
+	// timer first, with the reason that has the active side try again;
+	// one matched is accepted as soon as the EP's session lets its
+	// goroutine in, however late in the park time it was matched, so the
+	// answer's bound is the park time and a whole connect's more.
+	ln, err := s.dev.Listen(net.JoinHostPort(s.addr.String(), strconv.Itoa(port)),
+		rnic.ListenOptions{RequestTimeout: l.park + time.Second, AnswerTimeout: l.park + l.timeout})
 	if err != nil {
 		s.log.Warn("IB-connection port not listening: QPs connected without the RDMA-CM will fail", "port", port, "err", err)
 		return nil
@@ -496,7 +500,7 @@ func (s *session) acceptIB(x *expectation, req *rnic.ConnRequest) {
 	s.mu.Lock()
 	if s.closing || s.objects[e.h] != e || e.ib != x || e.qp == nil || e.state != ctl.EPUnconnected {
 		s.mu.Unlock()
-		_ = req.Reject(ibPrivate(ibNotYet, x.remoteQPN, x.qpn))
+		_ = req.Reject(ibPrivate(ibNotYet, x.qpn, x.remoteQPN))
 		return
 	}
 	e.ib = nil

@@ -201,6 +201,10 @@ type ListenOptions struct {
 	// RequestTimeout bounds the wait for a new connection's MPA Request,
 	// and then for the consumer to accept or reject it.
 	RequestTimeout time.Duration
+	// AnswerTimeout, if set, bounds the consumer's answer instead: for
+	// a consumer that holds requests on purpose (daemon/ibconn.go) and
+	// still wants a peer that says nothing closed soon.
+	AnswerTimeout time.Duration
 }
 
 // DefaultBacklog is ListenOptions.Backlog's default, Linux's SOMAXCONN
@@ -265,6 +269,9 @@ func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 	}
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultMPATimeout
+	}
+	if opts.AnswerTimeout <= 0 {
+		opts.AnswerTimeout = opts.RequestTimeout
 	}
 	var l *Listener
 	var err error
@@ -340,7 +347,7 @@ type ConnRequest struct {
 
 // newRequest makes the connection request of the peer's MPA Request f on
 // kc (kernel datapath) or ec (xdp datapath), the connection's own until
-// answered, with the consumer's answer timed by l's RequestTimeout (a
+// answered, with the consumer's answer timed by l's AnswerTimeout (a
 // rejection when it runs out).
 func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *ConnRequest {
 	cr := &ConnRequest{l: l, kc: kc, ec: ec, PrivateData: clone(f.PrivateData)}
@@ -354,7 +361,7 @@ func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *Con
 		ec.req = cr
 	}
 	cr.mu.Lock()
-	cr.timer = time.AfterFunc(l.opts.RequestTimeout, func() { _ = cr.Reject(nil) })
+	cr.timer = time.AfterFunc(l.opts.AnswerTimeout, func() { _ = cr.Reject(nil) })
 	cr.mu.Unlock()
 	return cr
 }

@@ -442,6 +442,36 @@ func testUnansweredRequestIsRejected(t *testing.T, f *fabric) {
 	}
 }
 
+// AnswerTimeout, longer than RequestTimeout, is the consumer's to answer
+// in: a request held past RequestTimeout is still accepted.
+func TestAnswerTimeoutBoundsTheAnswer(t *testing.T) {
+	onBothDatapaths(t, testAnswerTimeoutBoundsTheAnswer)
+}
+
+func testAnswerTimeoutBoundsTheAnswer(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	ln := f.listen(t, srv, ListenOptions{RequestTimeout: 200 * time.Millisecond, AnswerTimeout: 30 * time.Second})
+	c := cli.qp(QPAttr{})
+	connected := make(chan error, 1)
+	go func() {
+		_, err := c.Connect(context.Background(), f.connectAddr(ln), ConnectOptions{Timeout: 30 * time.Second})
+		connected <- err
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cr, err := ln.Accept(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond) // three RequestTimeouts
+	if err := cr.Accept(srv.qp(QPAttr{}), nil); err != nil {
+		t.Fatalf("accepting after RequestTimeout, within AnswerTimeout: %v", err)
+	}
+	if err := <-connected; err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+}
+
 // TestErrorClassesOverTCP: each class of remote error, over TCP, ends
 // with the responder's Terminate carrying the RFC cause, the requester
 // told of it, both QPs in Error and every request accounted for.
