@@ -257,7 +257,14 @@ func TestIBConnectTimesOut(t *testing.T) {
 // connection without a reply.
 func ibRequest(t *testing.T, port uint16, pd []byte) (mpa.Frame, error) {
 	t.Helper()
-	c, err := net.Dial("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
+	return ibRequestFrom(t, "127.0.0.1", port, pd)
+}
+
+// ibRequestFrom is ibRequest from the loopback address from.
+func ibRequestFrom(t *testing.T, from string, port uint16, pd []byte) (mpa.Frame, error) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+	c, err := d.Dial("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -331,6 +338,9 @@ func TestIBConnHostile(t *testing.T) {
 	}
 	f, err = ibRequest(t, port, ibPrivate(ibOK, 77, e.ep.QPN()))
 	wantReject(t, "another peer's request", f, err, ibOther)
+	// The right QPNs from another address.
+	f, err = ibRequestFrom(t, "127.0.0.2", port, ibPrivate(ibOK, 0, e.ep.QPN()))
+	wantReject(t, "a request from another address", f, err, ibOther)
 	if st, _ := e.ep.PostableState(); st != client.EPState(ctl.EPUnconnected) {
 		t.Fatalf("the expecting EP went to %s", ctl.EPStateName(uint8(st)))
 	}
