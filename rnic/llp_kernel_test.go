@@ -112,10 +112,61 @@ func TestKernelPollHookAnswers(t *testing.T) {
 	if back.Buf[0] != 0x5a {
 		t.Fatalf("the answer posted from Poll did not arrive (%d polls)", polls.Load())
 	}
+	// The run looks on for afterWork after it found the work, which
+	// may be after the answer arrived: well over by 50 ms.
+	time.Sleep(50 * time.Millisecond)
 	n := polls.Load()
 	time.Sleep(100 * time.Millisecond)
 	if polls.Load() != n {
 		t.Fatalf("Poll still called %v after the last arrival", 100*time.Millisecond)
+	}
+}
+
+// A run of Polls does not end at the first that finds work: the
+// application's next post (its answer, after it gave the receive back) is
+// taken by the same run, with no doorbell. Here the answer is posted only
+// by a run's second find.
+func TestKernelPollLooksOnAfterWork(t *testing.T) {
+	srv, cli := newHost(t), newHost(t)
+	var s *QP
+	var inRun atomic.Int32
+	var answered atomic.Bool
+	answer := srv.mr(8, qp.LocalWrite)
+	poll := func() bool {
+		if srv.rcq.Len() == 0 {
+			return false
+		}
+		switch inRun.Add(1) {
+		case 1:
+			return true // the receive given back, say
+		case 2:
+			if answered.Swap(true) {
+				return false
+			}
+			answer.Buf[0] = 0x5a
+			must(t, s.PostSend(&qp.SendWR{ID: 10, Op: qp.OpSend, SGL: []qp.SGE{{LKey: answer.STag, Addr: answer.Base, Length: 8}}}))
+			return true
+		}
+		return false
+	}
+	attr := QPAttr{Poll: poll, PollDone: func() { inRun.Store(0) }, PollFor: 20 * time.Millisecond}
+	_, c := pair(t, srv, cli, attr, QPAttr{}, func(sq, cq *QP) {
+		s = sq
+		buf := srv.mr(64, qp.LocalWrite)
+		must(t, sq.PostRecv(&qp.RecvWR{ID: 1, SGL: []qp.SGE{{LKey: buf.STag, Addr: buf.Base, Length: 64}}}))
+		back := cli.mr(8, qp.LocalWrite)
+		must(t, cq.PostRecv(&qp.RecvWR{ID: 3, SGL: []qp.SGE{{LKey: back.STag, Addr: back.Base, Length: 8}}}))
+	})
+	defer c.Destroy()
+	defer func() { s.Destroy() }()
+	msg := cli.mr(64, qp.LocalWrite)
+	must(t, c.PostSend(&qp.SendWR{ID: 2, Op: qp.OpSend, SGL: []qp.SGE{{LKey: msg.STag, Addr: msg.Base, Length: 64}}}))
+	deadline := time.Now().Add(10 * time.Second)
+	for cli.rcq.Len() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no run of Polls looked on after its first find: the answer its second would post never came")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
