@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -263,12 +264,20 @@ func ibRequest(t *testing.T, port uint16, pd []byte) (mpa.Frame, error) {
 // ibRequestFrom is ibRequest from the loopback address from.
 func ibRequestFrom(t *testing.T, from string, port uint16, pd []byte) (mpa.Frame, error) {
 	t.Helper()
+	c := sendIBRequest(t, from, port, pd)
+	defer c.Close()
+	return readFrame(c, 5*time.Second)
+}
+
+// sendIBRequest connects from the loopback address from to the port and
+// sends an MPA Request with private data pd.
+func sendIBRequest(t *testing.T, from string, port uint16, pd []byte) net.Conn {
+	t.Helper()
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 	c, err := d.Dial("tcp4", net.JoinHostPort("127.0.0.1", strconv.Itoa(int(port))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
 	cfg := mpa.Config{PeerToPeer: true, PrivateData: pd}
 	f, err := cfg.Request()
 	if err != nil {
@@ -278,7 +287,49 @@ func ibRequestFrom(t *testing.T, from string, port uint16, pd []byte) (mpa.Frame
 	if _, err := c.Write(wire); err != nil {
 		t.Fatal(err)
 	}
-	return readFrame(c, 5*time.Second)
+	return c
+}
+
+// At most maxParked requests wait for QPs not yet in RTR: one more is
+// refused as busy at once. A daemon that closes refuses those waiting as
+// "not yet", so that their active sides try again (a daemon restarted)
+// rather than wait.
+func TestIBConnParkedBoundAndClose(t *testing.T) {
+	port := freeLoopbackPort(t)
+	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet(), IBConnPort: int(port),
+		IBConnTimeout: 10 * time.Second, IBConnParkTimeout: 60 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := serve(t, srv)
+	defer stop()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range maxParked {
+		conns = append(conns, sendIBRequest(t, "127.0.0.1", port, ibPrivate(ibOK, uint32(100+i), uint32(1<<24-1-i))))
+	}
+	parked := func() int {
+		srv.ib.mu.Lock()
+		defer srv.ib.mu.Unlock()
+		return len(srv.ib.parked)
+	}
+	for deadline := time.Now().Add(30 * time.Second); parked() < maxParked; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d requests parked after 30 s", parked(), maxParked)
+		}
+	}
+	f, err := ibRequest(t, port, ibPrivate(ibOK, 99, 12345))
+	wantReject(t, "a request beyond the bound", f, err, ibBusy)
+
+	stop()
+	for i, c := range conns {
+		f, err := readFrame(c, 10*time.Second)
+		wantReject(t, fmt.Sprintf("parked request %d at the daemon's close", i), f, err, ibNotYet)
+	}
 }
 
 func readFrame(c net.Conn, within time.Duration) (mpa.Frame, error) {
