@@ -43,6 +43,32 @@ func readableAddr(t *testing.T, pid int) uint64 {
 	return 0
 }
 
+// loServer is a daemon on lo, served until the test's end.
+func loServer(t *testing.T) *Server {
+	t.Helper()
+	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	return srv
+}
+
+// sleeper is a process that sleeps, killed (and waited for, if the test
+// has not) at the test's end.
+func sleeper(t *testing.T) *exec.Cmd {
+	t.Helper()
+	c := exec.Command("sleep", "60")
+	if err := c.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		c.Process.Kill()
+		c.Wait()
+	})
+	return c
+}
+
 // sessionOf is a session, not yet served, of the process pid, as if it had
 // connected (the pidfd taken now): its socket's other end is closed at
 // once.
@@ -77,19 +103,8 @@ func sessionOf(t *testing.T, srv *Server, pid int) *session {
 // later given the PID. The session's end closes the pidfd and its watcher
 // (TestMain's leak check).
 func TestSessionProcessMemoryDiesWithTheProcess(t *testing.T) {
-	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	child := exec.Command("sleep", "60")
-	if err := child.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		child.Process.Kill()
-		child.Wait()
-	}()
+	srv := loServer(t)
+	child := sleeper(t)
 	pid := child.Process.Pid
 	va := readableAddr(t, pid)
 
@@ -159,15 +174,8 @@ func TestSessionProcessMemoryDiesWithTheProcess(t *testing.T) {
 func TestSessionProcessMemoryNeverOfAReusedPID(t *testing.T) {
 	const lastPID = "/proc/sys/kernel/ns_last_pid"
 	testenv.RequireRoot(t) // to write ns_last_pid
-	srv, err := New(Options{Iface: "lo", Socket: filepath.Join(t.TempDir(), "d.sock"), Logger: quiet()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
-	first := exec.Command("sleep", "60")
-	if err := first.Start(); err != nil {
-		t.Fatal(err)
-	}
+	srv := loServer(t)
+	first := sleeper(t)
 	pid := first.Process.Pid
 	s := sessionOf(t, srv, pid)
 	defer s.close()
@@ -181,24 +189,16 @@ func TestSessionProcessMemoryNeverOfAReusedPID(t *testing.T) {
 		if err := os.WriteFile(lastPID, []byte(strconv.Itoa(pid-1)), 0); err != nil {
 			t.Fatal(err)
 		}
-		c := exec.Command("sleep", "60")
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		if c.Process.Pid == pid {
+		if c := sleeper(t); c.Process.Pid == pid {
 			second = c
-			break
+		} else {
+			c.Process.Kill()
+			c.Wait()
 		}
-		c.Process.Kill()
-		c.Wait()
 	}
 	if second == nil {
 		t.Fatalf("PID %d was not given again in 100 tries", pid)
 	}
-	defer func() {
-		second.Process.Kill()
-		second.Wait()
-	}()
 	va := readableAddr(t, pid)
 	r, _, err := s.createPZ()
 	if err != nil {
