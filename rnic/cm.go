@@ -270,9 +270,6 @@ func (d *Device) Listen(addr string, opts ListenOptions) (*Listener, error) {
 	if opts.RequestTimeout <= 0 {
 		opts.RequestTimeout = DefaultMPATimeout
 	}
-	if opts.AnswerTimeout <= 0 {
-		opts.AnswerTimeout = opts.RequestTimeout
-	}
 	var l *Listener
 	var err error
 	if d.xdp != nil {
@@ -347,7 +344,7 @@ type ConnRequest struct {
 
 // newRequest makes the connection request of the peer's MPA Request f on
 // kc (kernel datapath) or ec (xdp datapath), the connection's own until
-// answered, with the consumer's answer timed by l's AnswerTimeout (a
+// answered, with the consumer's answer timed by l's AnswerTimeout, or RequestTimeout (a
 // rejection when it runs out).
 func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *ConnRequest {
 	cr := &ConnRequest{l: l, kc: kc, ec: ec, PrivateData: clone(f.PrivateData)}
@@ -361,7 +358,11 @@ func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *Con
 		ec.req = cr
 	}
 	cr.mu.Lock()
-	cr.timer = time.AfterFunc(l.opts.AnswerTimeout, func() { _ = cr.Reject(nil) })
+	answer := l.opts.AnswerTimeout
+	if answer <= 0 {
+		answer = l.opts.RequestTimeout
+	}
+	cr.timer = time.AfterFunc(answer, func() { _ = cr.Reject(nil) })
 	cr.mu.Unlock()
 	return cr
 }

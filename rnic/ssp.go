@@ -104,7 +104,7 @@ func (d *Device) ServeSocket(nc *net.TCPConn, opts SocketPointOptions) (*SocketP
 		}
 	}
 	sp := &SocketPoint{dev: d, nc: nc, rc: rc, opts: opts, result: make(chan spResult, 1), ended: make(chan struct{}),
-		l: &Listener{dev: d, opts: ListenOptions{RequestTimeout: opts.RequestTimeout, AnswerTimeout: opts.RequestTimeout}, done: make(chan struct{})}}
+		l: &Listener{dev: d, opts: ListenOptions{RequestTimeout: opts.RequestTimeout}, done: make(chan struct{})}}
 	go sp.serve()
 	return sp, nil
 }
