@@ -344,8 +344,8 @@ type ConnRequest struct {
 
 // newRequest makes the connection request of the peer's MPA Request f on
 // kc (kernel datapath) or ec (xdp datapath), the connection's own until
-// answered, with the consumer's answer timed by l's AnswerTimeout, or RequestTimeout (a
-// rejection when it runs out).
+// answered, with the consumer's answer timed by l's AnswerTimeout, or
+// RequestTimeout without one (a rejection when it runs out).
 func (l *Listener) newRequest(kc *kernelConn, ec *engineConn, f *mpa.Frame) *ConnRequest {
 	cr := &ConnRequest{l: l, kc: kc, ec: ec, PrivateData: clone(f.PrivateData)}
 	if kc != nil {
