@@ -79,8 +79,12 @@ type Conn struct {
 	lmr *client.LMR
 	// zbuf is the source region of Read Zcopy, which zlmr lets the peer
 	// read.
-	zbuf   *client.Buffer
-	zlmr   *client.LMR
+	zbuf *client.Buffer
+	zlmr *client.LMR
+	// pz is the connection's own: its Zcopy region is RemoteRead, and a
+	// PZ shared with the process's other connections would let any of
+	// their peers read it with a guessed STag.
+	pz     *client.PZ
 	local  net.Addr
 	remote net.Addr
 	// peerRcvSz is the size of each of the peer's receive buffers.
@@ -196,14 +200,18 @@ func newConn(t *transport, zcopyThreshold int, pollFor time.Duration) (*Conn, er
 	c := &Conn{t: t, changed: make(chan struct{}), linger: -1, threshold: option(zcopyThreshold, DefaultZcopyThreshold),
 		pollFor: option(pollFor, DefaultPollFor), stats: Stats{MinCredits: -1}}
 	var err error
+	if c.pz, err = t.ia.CreatePZ(); err != nil {
+		return nil, err
+	}
 	if c.evd, err = t.ia.CreateEVD(client.EVDOptions{Depth: 2*(recvBufs+sendBufs) + 8, Kind: client.DTOEvents | client.ConnectionEvents}); err != nil {
+		c.release()
 		return nil, err
 	}
 	if c.buf, err = t.ia.Alloc(memSize); err != nil {
 		c.release()
 		return nil, err
 	}
-	if c.lmr, err = t.pz.RegisterLMR(c.buf, client.LocalWrite); err != nil {
+	if c.lmr, err = c.pz.RegisterLMR(c.buf, client.LocalWrite); err != nil {
 		c.release()
 		return nil, err
 	}
@@ -211,11 +219,11 @@ func newConn(t *transport, zcopyThreshold int, pollFor time.Duration) (*Conn, er
 		c.release()
 		return nil, err
 	}
-	if c.zlmr, err = t.pz.RegisterLMR(c.zbuf, client.RemoteRead); err != nil {
+	if c.zlmr, err = c.pz.RegisterLMR(c.zbuf, client.RemoteRead); err != nil {
 		c.release()
 		return nil, err
 	}
-	if c.ep, err = t.ia.CreateEP(client.EPAttr{PZ: t.pz, RecvEVD: c.evd, RequestEVD: c.evd, ConnectEVD: c.evd,
+	if c.ep, err = t.ia.CreateEP(client.EPAttr{PZ: c.pz, RecvEVD: c.evd, RequestEVD: c.evd, ConnectEVD: c.evd,
 		SQDepth: sendBufs + maxReads + 4, RQDepth: recvBufs, IRD: maxReads, ORD: maxReads}); err != nil {
 		c.release()
 		return nil, err
@@ -256,6 +264,9 @@ func (c *Conn) release() {
 	}
 	if c.evd != nil {
 		_ = c.evd.Free()
+	}
+	if c.pz != nil {
+		_ = c.pz.Free()
 	}
 }
 

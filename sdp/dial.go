@@ -49,7 +49,6 @@ func socketPath(s string) string {
 // the process through that daemon: an IA and a PZ.
 type transport struct {
 	ia *client.IA
-	pz *client.PZ
 }
 
 var transports struct {
@@ -69,12 +68,7 @@ func getTransport(ctx context.Context, socket string) (*transport, error) {
 	if err != nil {
 		return nil, err
 	}
-	pz, err := ia.CreatePZ()
-	if err != nil {
-		ia.Close()
-		return nil, err
-	}
-	t := &transport{ia: ia, pz: pz}
+	t := &transport{ia: ia}
 	if transports.m == nil {
 		transports.m = map[string]*transport{}
 	}

@@ -711,3 +711,42 @@ func TestPeerOrDaemonDies(t *testing.T) {
 		}
 	})
 }
+
+// A connection's Zcopy region is readable by its own peer only: another
+// peer of the same process, given the SrcAvail's STag and address (STags
+// are easy to guess), is refused, as each connection has a PZ of its own.
+func TestZcopyRegionOnlyItsPeers(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p1, c1 := rawClient(t, sock, ln)
+	defer c1.Close()
+	p2, c2 := rawClient(t, sock, ln)
+	defer c2.Close()
+	p1.send(t, msg(sdp.MIDData, 1, nil))
+	go c1.Write(pattern(256<<10, 7))
+	var sa sdp.SrcAvail
+	for {
+		h, m := p1.recv(t)
+		if h.MID == sdp.MIDSrcAvail {
+			sa = sdp.ParseSrcAvail(m)
+			break
+		}
+	}
+	if err := p2.ep.PostRead(1234, client.Segment{LMR: p2.lmr, Offset: 0, Length: 64},
+		client.RemoteBuffer{Context: sa.STag, Address: sa.VA}, client.Signaled); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		ev, _, err := p2.evd.WaitTimeout(10*time.Second, 1)
+		if err != nil {
+			t.Fatalf("waiting for the Read: %v", err)
+		}
+		if ev.Type != client.DTOCompletion || ev.Cookie != 1234 {
+			continue
+		}
+		if ev.Status == completion.Success {
+			t.Fatalf("another connection's peer read the Zcopy region: %q", p2.buf.Bytes[:64])
+		}
+		return
+	}
+}
