@@ -15,7 +15,10 @@
 #              its buffer, never yielding) against softrnic-perf write_lat
 #              -s 8 (the same loop in Go, yielding between looks: spinning
 #              without yield starves the daemon on a 2-core host):
-#              typical microseconds, round trip / 2. softrnic-perf spinning
+#              typical round trip in microseconds. perftest prints half the
+#              round trip for Write and Send latency (its rtt_factor), and
+#              softrnic-perf the whole one: perftest's figure is doubled
+#              here, so that the two compare. softrnic-perf spinning
 #              as perftest does (--busy) is shown beside it: on the xdp
 #              datapath a program that never yields shares the two cores
 #              with the pinned pollers, and that, not the libraries, is
@@ -68,7 +71,7 @@ bw_v=() bw_g=() lat_v=() lat_g=() lat_y=()
 for r in $(seq "$ROUNDS"); do
 	bw_v+=("$(perftest ib_write_bw 4 -s 65536 -n "$BW_N")")
 	bw_g+=("$(perf bw_avg_MBps write_bw --poll -s 65536 -t 128 -n "$BW_N")")
-	lat_v+=("$(perftest ib_write_lat 5 -s 8 -n "$LAT_N")")
+	lat_v+=("$(perftest ib_write_lat 5 -s 8 -n "$LAT_N" | awk '{print 2 * $1}')")
 	lat_g+=("$(perf t_typical_us write_lat -s 8 -n "$LAT_N")")
 	lat_y+=("$(perf t_typical_us write_lat -s 8 --busy -n "$LAT_N")")
 	printf 'round %d: bandwidth %s / %s MB/s, latency %s / %s us, Go client spinning %s us (perftest over the libraries / Go client)\n' "$r" \
@@ -86,7 +89,7 @@ print(f"{'':44} {'libraries':>10} {'Go client':>10} {'ratio':>7}  target")
 r = m(bv) / m(bg)
 print(f"{'RDMA Write 64 KiB, 128 in flight (MB/s)':44} {m(bv):10.1f} {m(bg):10.1f} {r:7.2f}  >= 0.90 {'met' if r >= 0.9 else 'NOT met'}")
 r = m(lv) / m(lg)
-print(f"{'RDMA Write 8 B latency, typical (us)':44} {m(lv):10.2f} {m(lg):10.2f} {r:7.2f}  <= 1.10 {'met' if r <= 1.1 else 'NOT met'}")
+print(f"{'RDMA Write 8 B round trip, typical (us)':44} {m(lv):10.2f} {m(lg):10.2f} {r:7.2f}  <= 1.10 {'met' if r <= 1.1 else 'NOT met'}")
 print(f"{'  the Go client spinning as perftest (--busy)':44} {'':10} {m(ly):10.2f} {m(lv) / m(ly):7.2f}")
 json.dump({"datapath": dp, "bandwidth_MBps": {"libraries": bv, "go_client": bg},
            "latency_us": {"libraries": lv, "go_client": lg, "go_client_busy": ly}}, open("bench/verbs.json", "w"), indent=1)
