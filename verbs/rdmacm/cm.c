@@ -803,8 +803,11 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event
 			 * only, as rdma-core's: the new id may be destroyed
 			 * before the event is acknowledged */
 			to_id(e->ev.listen_id ? e->ev.listen_id : e->ev.id)->events++;
-			/* the set stays readable while more wait */
-			if (c->head || srn_pending(&c->evd.ring))
+			/* the set stays readable while more wait; else the
+			 * daemon is asked again to signal the next (it
+			 * disarmed as it signalled this one), and one that
+			 * raced in before the arm is signalled here */
+			if (c->head || srn_pending(&c->evd.ring) || srn_evd_arm(&c->evd))
 				signal_fd(c->local);
 		}
 		pthread_mutex_unlock(&mu);

@@ -272,6 +272,11 @@ int main(int argc, char **argv)
 	if (rdma_reject(req2->id, nope, sizeof(nope)) || rdma_destroy_id(req2->id))
 		FAIL("reject and destroy the request's id: %s", strerror(errno));
 	rdma_ack_cm_event(req2);
+	/* the channel's descriptor wakes poll for an event the daemon gives
+	 * after others were taken */
+	pf.fd = cch->fd;
+	if (poll(&pf, 1, 5000) != 1)
+		FAIL("channel not readable for REJECTED");
 	struct rdma_cm_event *rej = expect(cch, RDMA_CM_EVENT_REJECTED);
 	if (rej->id != cli2)
 		FAIL("REJECTED for another id");
@@ -285,6 +290,14 @@ int main(int argc, char **argv)
 		FAIL("an id without a channel: %s", strerror(errno));
 
 	rdma_disconnect(cli);
+	/* and the server's channel for the peer's disconnect */
+	pf.fd = sch->fd;
+	if (poll(&pf, 1, 5000) != 1)
+		FAIL("server's channel not readable for DISCONNECTED");
+	struct rdma_cm_event *dis = expect(sch, RDMA_CM_EVENT_DISCONNECTED);
+	if (dis->id != srv)
+		FAIL("DISCONNECTED for another id");
+	rdma_ack_cm_event(dis);
 	printf("ok\n");
 	return 0;
 }
