@@ -189,6 +189,20 @@ func TestRegisterProcessMemoryRefused(t *testing.T) {
 	if !errors.Is(err, client.ErrInvalidAddress) || !strings.Contains(err.Error(), fmt.Sprintf("%#x", hole+7)) {
 		t.Fatalf("registering a range that runs into unmapped memory: %v", err)
 	}
+	// Read-only memory is not registered for writing by anyone (the
+	// daemon's /proc/PID/mem would write through the protection), but
+	// is for reading.
+	ro, err := unix.Mmap(-1, 0, page, unix.PROT_READ, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	must(t, err)
+	defer unix.Munmap(ro)
+	for _, acc := range []client.Access{client.LocalWrite, client.RemoteWrite, client.RemoteAtomic} {
+		if _, err := a.pz.RegisterProcessMemory(addrOf(ro[8:]), 16, acc); !errors.Is(err, client.ErrInvalidAddress) {
+			t.Fatalf("registering read-only memory with %v: %v", acc, err)
+		}
+	}
+	roR, err := a.pz.RegisterProcessMemory(addrOf(ro[8:]), 16, client.RemoteRead)
+	must(t, err)
+	must(t, roR.Free())
 	ok := addrOf(m)
 	for _, c := range []struct {
 		name   string

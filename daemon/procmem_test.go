@@ -20,7 +20,8 @@ import (
 	"github.com/softrnic/softrnic/internal/testenv"
 )
 
-// readableAddr is the start of a readable mapping of process pid.
+// readableAddr is the start of a readable and writable mapping of process
+// pid (the tests register it for writing).
 func readableAddr(t *testing.T, pid int) uint64 {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
@@ -31,7 +32,7 @@ func readableAddr(t *testing.T, pid int) uint64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || !strings.HasPrefix(fields[1], "r") {
+		if len(fields) < 2 || !strings.HasPrefix(fields[1], "rw") {
 			continue
 		}
 		start, _, _ := strings.Cut(fields[0], "-")

@@ -497,6 +497,12 @@ func (s *session) registerProcessMemory(req *ctl.RegisterProcessMemory) (any, []
 	if err := proc.Probe(req.VA, req.Length); err != nil {
 		return nil, nil, processMemoryError(proc.Pid(), req.VA, req.Length, err)
 	}
+	// Memory the process may not write (read-only, a program's text)
+	// is not registered for writing, locally or by the peer.
+	write := qp.Access(req.Access)&(qp.LocalWrite|qp.RemoteWrite|qp.RemoteAtomic) != 0
+	if err := proc.Protected(req.VA, req.Length, write); err != nil {
+		return nil, nil, processMemoryError(proc.Pid(), req.VA, req.Length, err)
+	}
 	// The shadow has the pages' offsets of the range, as an LMR's
 	// mapping has (registerLMR).
 	m, err := shm.MapAnon(int(size))
@@ -547,7 +553,7 @@ func processMemoryError(pid int, va, length uint64, err error) error {
 		return fail(ctl.ProtectionViolation, "softrnicd may not access the memory of process %d (it needs ptrace access: "+
 			"the same uid and prctl(PR_SET_PTRACER) under Yama, or CAP_SYS_PTRACE): %v", pid, cause)
 	}
-	return fail(ctl.InvalidAddress, "the octet at %#x of process %d is not readable (registering %d octets at %#x): %v",
+	return fail(ctl.InvalidAddress, "the octet at %#x of process %d is not readable (or, for an LMR that may be written, not writable) (registering %d octets at %#x): %v",
 		at, pid, length, va, cause)
 }
 

@@ -303,6 +303,46 @@ func (p *Process) Probe(addr, length uint64) error {
 	return p.ReadAt(b[:], addr+length-1)
 }
 
+// Protected checks that every page of [addr, addr+length) is mapped
+// readable and, if write, writable, as /proc/PID/maps says now: the
+// memory's own file writes through any protection (the kernel forces it),
+// so a registration for writing is held to the protection a kernel
+// device's pinning would be (EFAULT otherwise).
+func (p *Process) Protected(addr, length uint64, write bool) error {
+	if length == 0 || addr+length < addr {
+		return &AccessError{Op: "probe", Pid: p.pid, Addr: addr, Err: unix.EINVAL}
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/maps", p.pid))
+	if err != nil || readable(int(p.pidfd.Fd())) {
+		// gone, or exited since: the maps may be another's
+		return &AccessError{Op: "probe", Pid: p.pid, Addr: addr, Len: int(min(length, 1<<30)), Err: unix.ESRCH}
+	}
+	at, end := addr, addr+length
+	for line := range strings.Lines(string(b)) {
+		f := strings.Fields(line)
+		if len(f) < 2 || at >= end {
+			break
+		}
+		lo, hi, ok := strings.Cut(f[0], "-")
+		if !ok {
+			continue
+		}
+		start, err1 := strconv.ParseUint(lo, 16, 64)
+		stop, err2 := strconv.ParseUint(hi, 16, 64)
+		if err1 != nil || err2 != nil || stop <= at {
+			continue
+		}
+		if start > at || f[1][0] != 'r' || (write && f[1][1] != 'w') {
+			break
+		}
+		at = stop
+	}
+	if at < end {
+		return &AccessError{Op: "probe", Pid: p.pid, Addr: at, Len: int(min(end-at, 1<<30)), Err: unix.EFAULT}
+	}
+	return nil
+}
+
 // checkOwner reads /proc/PID/status: Uid and Gid (real, effective, saved,
 // filesystem) all owner's, and CapEff empty unless owner is root.
 func checkOwner(pid int, owner *Owner) error {

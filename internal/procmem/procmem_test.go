@@ -246,3 +246,53 @@ func hexval(c byte) byte {
 	}
 	return c - '0'
 }
+
+// Protected tells memory mapped for the access asked from memory that is
+// not: a read-only page is fit for reading only, a PROT_NONE page or a
+// hole for nothing, whichever page of the range it is.
+func TestProtected(t *testing.T) {
+	p := self(t)
+	page := os.Getpagesize()
+	m, err := unix.Mmap(-1, 0, 4*page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Munmap(m)
+	a := addr(m)
+	if err := unix.Mprotect(m[page:2*page], unix.PROT_READ); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mprotect(m[2*page:3*page], unix.PROT_NONE); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		off, n int
+		write  bool
+		ok     bool
+	}{
+		{0, page, true, true},
+		{13, page - 20, false, true},
+		{page - 1, 2, false, true},  // into the read-only page
+		{page - 1, 2, true, false},  // writing it
+		{page + 5, 16, true, false}, // a field inside it
+		{page, page, false, true},
+		{2*page - 1, 2, false, false}, // into PROT_NONE
+		{3*page + 1, 8, true, true},
+		{0, 4 * page, false, false},
+	} {
+		err := p.Protected(a+uint64(c.off), uint64(c.n), c.write)
+		if (err == nil) != c.ok || (err != nil && !errors.Is(err, unix.EFAULT)) {
+			t.Errorf("%d octets at +%d, write %v: %v, want ok %v", c.n, c.off, c.write, err, c.ok)
+		}
+	}
+	// Beyond the mapping's end (the page after it is nobody's here).
+	if err := unix.MunmapPtr(unsafe.Pointer(&m[3*page]), uintptr(page)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Protected(a+uint64(3*page)-8, 16, false); !errors.Is(err, unix.EFAULT) {
+		t.Errorf("a range into a hole: %v", err)
+	}
+	if err := p.Protected(a, 0, false); err == nil {
+		t.Error("0 octets")
+	}
+}
