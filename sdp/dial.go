@@ -46,7 +46,7 @@ func socketPath(s string) string {
 }
 
 // transport is one session with a daemon, shared by every connection of
-// the process through that daemon: an IA and a PZ.
+// the process through that daemon: an IA (each connection makes its own PZ).
 type transport struct {
 	ia *client.IA
 }
