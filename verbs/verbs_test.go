@@ -29,12 +29,15 @@ func startDaemon(t *testing.T) string {
 	return startDaemonWith(t, daemon.Options{})
 }
 
-// startDaemonWith is startDaemon with options (Iface, Socket and Logger
-// are the test's).
+// startDaemonWith is startDaemon with options (Iface and Logger are the
+// test's, and Socket unless given).
 func startDaemonWith(t *testing.T, opts daemon.Options) string {
 	t.Helper()
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	opts.Iface, opts.Socket, opts.Logger = "lo", sock, slog.New(slog.NewTextHandler(io.Discard, nil))
+	if opts.Socket == "" {
+		opts.Socket = filepath.Join(t.TempDir(), "d.sock")
+	}
+	sock := opts.Socket
+	opts.Iface, opts.Logger = "lo", slog.New(slog.NewTextHandler(io.Discard, nil))
 	srv, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -177,6 +180,36 @@ func TestIbvDevinfo(t *testing.T) {
 	out, err = run([]string{"SOFTRNIC_SOCKET=" + filepath.Join(t.TempDir(), "none.sock")})
 	if err == nil || !strings.Contains(out, "No IB devices found") {
 		t.Errorf("with no daemon: %v\n%s", err, out)
+	}
+}
+
+// With no $SOFTRNIC_SOCKET the library finds the daemon where softrnicd
+// puts its socket by default, /run/softrnic/IFACE.sock, when there is one;
+// with several it cannot guess and says so. Each run sees its own
+// /run/softrnic: a directory of the test's, bind-mounted in a private mount
+// namespace.
+func TestDefaultSocket(t *testing.T) {
+	devinfo := testenv.RequireTool(t, "ibv_devinfo")
+	unshare := testenv.RequireTool(t, "unshare")
+	testenv.RequireRoot(t)
+	lib := build(t)
+	dir := filepath.Dir(startDaemon(t))
+	if err := os.MkdirAll("/run/softrnic", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run := func() string {
+		cmd := exec.Command(unshare, "--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind "$1" /run/softrnic && exec "$2"`, "sh", dir, devinfo)
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LD_LIBRARY_PATH=" + lib}
+		out, _ := cmd.CombinedOutput()
+		return string(out)
+	}
+	if out := run(); !strings.Contains(out, "hca_id:\tsoftrnic0") {
+		t.Errorf("with one daemon in /run/softrnic, ibv_devinfo does not find it:\n%s", out)
+	}
+	startDaemonWith(t, daemon.Options{Socket: filepath.Join(dir, "e.sock")})
+	if out := run(); !strings.Contains(out, "No IB devices found") || !strings.Contains(out, "2 daemon sockets in /run/softrnic; set SOFTRNIC_SOCKET") {
+		t.Errorf("with two daemons in /run/softrnic:\n%s", out)
 	}
 }
 

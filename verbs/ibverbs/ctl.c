@@ -8,6 +8,8 @@
 #include "srn.h"
 
 #include <errno.h>
+#include <glob.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,10 +31,38 @@ enum {
 	STATUS_SUCCESS = 0,
 };
 
+/*
+ * srn_socket_path: $SOFTRNIC_SOCKET, else the one daemon socket in
+ * /run/softrnic (softrnicd listens on /run/softrnic/IFACE.sock). With none
+ * or several there, it names the first pattern's path, which a connect
+ * then fails on, and says once on stderr why: the library cannot guess
+ * which of several daemons is meant.
+ */
 const char *srn_socket_path(void)
 {
+	static __thread char found[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	static int warned;
 	const char *p = getenv("SOFTRNIC_SOCKET");
-	return p && *p ? p : "/run/softrnic/softrnic.sock";
+	if (p && *p)
+		return p;
+	glob_t g;
+	int rc = glob(SRN_SOCKET_DIR "/*.sock", GLOB_NOSORT, NULL, &g);
+	size_t n = 0;
+	if (rc == 0)
+		for (size_t i = 0; i < g.gl_pathc; i++) {
+			struct stat st;
+			if (stat(g.gl_pathv[i], &st) == 0 && S_ISSOCK(st.st_mode) &&
+			    strlen(g.gl_pathv[i]) < sizeof(found) && n++ == 0)
+				strcpy(found, g.gl_pathv[i]);
+		}
+	if (rc == 0)
+		globfree(&g);
+	if (n == 1)
+		return found;
+	if (n > 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "softrnic: %zu daemon sockets in " SRN_SOCKET_DIR
+				"; set SOFTRNIC_SOCKET to the one to use\n", n);
+	return SRN_SOCKET_DIR "/*.sock";
 }
 
 static void str(struct srn_r *r, char *dst, size_t cap)

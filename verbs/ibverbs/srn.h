@@ -39,8 +39,9 @@ struct srn_ia {
 	char version[64];
 };
 
-/* srn_socket_path is where a session connects: $SOFTRNIC_SOCKET, else
- * /run/softrnic/softrnic.sock. */
+/* srn_socket_path is where a session connects: $SOFTRNIC_SOCKET, else the
+ * only daemon socket in SRN_SOCKET_DIR (ctl.DefaultSocket's directory). */
+#define SRN_SOCKET_DIR "/run/softrnic"
 const char *srn_socket_path(void) HIDDEN;
 
 /*
