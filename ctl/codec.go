@@ -26,7 +26,7 @@ import (
 // has no optional fields): 6 added EPReply.QPN and ConnectQP.
 const (
 	Magic      = 0x5352 // "SR"
-	Version    = 6
+	Version    = 7
 	HeaderLen  = 16
 	MaxMessage = 64 << 10
 	// MaxBytes bounds one string or byte-slice field.

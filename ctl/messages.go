@@ -130,6 +130,11 @@ type IAAttr struct {
 	MaxORD        uint16
 	MaxSQ, MaxRQ  uint32
 	DaemonVersion string
+	// DatapathCPUs is the CPUs the daemon's datapath runs on, bit i%8 of
+	// octet i/8 for CPU i: the xdp pollers' or, on the kernel datapath,
+	// every CPU the daemon may use. A client that spins on a CPU in it
+	// holds off the work it waits for.
+	DatapathCPUs []byte
 }
 
 // HelloReply carries the IA attributes.

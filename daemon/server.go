@@ -124,6 +124,8 @@ type Server struct {
 	addr netip.Addr
 	dev  *rnic.Device
 	ln   *net.UnixListener
+	// cpus is IAAttr.DatapathCPUs.
+	cpus []byte
 	// ib takes InfiniBand-style connections (ibconn.go); nil when off.
 	ib *ibListener
 	// watch finds stalled loops, trim gives memory back after a wave of
@@ -252,7 +254,8 @@ func New(opts Options) (*Server, error) {
 		dev.Close()
 		return nil, err
 	}
-	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{})}
+	s := &Server{opts: opts, log: opts.Logger, addr: addr, dev: dev, ln: ln, sessions: map[*session]struct{}{}, stopped: make(chan struct{}),
+		cpus: datapathCPUs(dev.Pollers())}
 	s.watch = startWatchdog(s.log, opts.StallAfter, dev.Pollers())
 	s.trim = startTrimmer(s.log)
 	s.ib = s.startIB()

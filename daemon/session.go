@@ -334,7 +334,40 @@ func dupFile(f *os.File) (*os.File, error) {
 func (s *Server) iaAttr() ctl.IAAttr {
 	return ctl.IAAttr{Name: s.opts.Iface, Datapath: s.opts.Datapath, Address: s.addr.String(), MaxEP: maxObjects,
 		MaxEVD: maxObjects, MaxEVDDepth: maxEVDDepth, MaxLMRSize: maxLMR, MaxPrivate: 256 - 4, MaxSGE: shm.RingSGE,
-		MaxIRD: 64, MaxORD: 64, MaxSQ: maxQueue, MaxRQ: maxQueue, DaemonVersion: "softrnicd/0.1"}
+		MaxIRD: 64, MaxORD: 64, MaxSQ: maxQueue, MaxRQ: maxQueue, DaemonVersion: "softrnicd/0.1", DatapathCPUs: s.cpus}
+}
+
+// datapathCPUs is IAAttr.DatapathCPUs of a datapath with these pollers:
+// the CPUs they are pinned to, or every CPU the daemon may run on when
+// they are not pinned or there are none (the kernel datapath).
+func datapathCPUs(pollers []*xdpnet.Poller) []byte {
+	var cpus []int
+	for _, p := range pollers {
+		if c := p.CPU(); c >= 0 {
+			cpus = append(cpus, c)
+		} else {
+			cpus = nil
+			break
+		}
+	}
+	if cpus == nil {
+		var set unix.CPUSet
+		if err := unix.SchedGetaffinity(0, &set); err == nil {
+			for c := range 1024 {
+				if set.IsSet(c) {
+					cpus = append(cpus, c)
+				}
+			}
+		}
+	}
+	var mask []byte
+	for _, c := range cpus {
+		for len(mask) <= c/8 {
+			mask = append(mask, 0)
+		}
+		mask[c/8] |= 1 << (c % 8)
+	}
+	return mask
 }
 
 // add registers an object under a new handle; s.mu held.

@@ -3,15 +3,19 @@ package verbs
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -21,6 +25,28 @@ import (
 	"github.com/softrnic/softrnic/verbs/abi"
 	"golang.org/x/sys/unix"
 )
+
+// TestMain is also a kernel-datapath softrnicd on loopback, serving at
+// $SOFTRNIC_VERBS_TEST_DAEMON until SIGTERM: a daemon in a process of its
+// own, which a test can run with the CPUs it chooses (TestPollYield).
+func TestMain(m *testing.M) {
+	if sock := os.Getenv("SOFTRNIC_VERBS_TEST_DAEMON"); sock != "" {
+		srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGTERM)
+		go func() { <-sig; srv.Close() }()
+		if err := srv.Serve(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
 
 // startDaemon runs a kernel-datapath softrnicd on loopback for the test
 // and returns its socket.
@@ -439,6 +465,37 @@ func runOK(t *testing.T, name, sock string, args ...string) {
 	if err != nil || string(out) != "ok\n" {
 		t.Fatalf("%s: %v\n%s", name, err, out)
 	}
+}
+
+// ibv_poll_cq on an empty CQ yields the processor only when the daemon's
+// datapath runs on the same CPU (it would otherwise wait out the
+// application's time slice); on a CPU of its own it makes no system call.
+// The daemon runs pinned to CPU 0 (its IA says so), the program on CPU 1,
+// then on CPU 0; testdata/pollyield.c counts the sched_yield calls.
+func TestPollYield(t *testing.T) {
+	taskset := testenv.RequireTool(t, "taskset")
+	if runtime.NumCPU() < 2 {
+		testenv.Unmet(t, "needs 2 CPUs")
+	}
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	d := exec.Command(taskset, "-c", "0", os.Args[0], "-test.run=^$")
+	d.Env = append(os.Environ(), "SOFTRNIC_VERBS_TEST_DAEMON="+sock)
+	d.Stderr = os.Stderr
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
+	for i := 0; ; i++ {
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i == 300 {
+			t.Fatal("the daemon's socket never appeared")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	runOK(t, "pollyield", sock, "1", "none")
+	runOK(t, "pollyield", sock, "0", "some")
 }
 
 // TestIBConnect runs a C program that connects QPs the InfiniBand way

@@ -146,6 +146,16 @@ static const enum ibv_wc_opcode wc_opcode[] = {
 	IBV_WC_SEND, IBV_WC_RECV, IBV_WC_RECV,
 };
 
+/* on_datapath_cpu says whether this thread runs on a CPU the daemon's
+ * datapath runs on (sched_getcpu reads rseq or the vDSO: no system call). */
+static int on_datapath_cpu(const struct srn_ia *ia)
+{
+	int c = sched_getcpu();
+	if (c < 0 || (size_t)c / 8 >= ia->ncpus)
+		return c < 0;
+	return ia->cpus[c / 8] >> (c % 8) & 1;
+}
+
 int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct srn_cq *q = to_cq(cq);
@@ -184,10 +194,11 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		}
 	}
 	pthread_spin_unlock(&q->evd.lock);
-	if (got == 0 && ++q->empty % SRN_YIELD_EVERY == 0) {
+	if (got == 0 && ++q->empty % SRN_YIELD_EVERY == 0 && on_datapath_cpu(&srn_ctx(cq->context)->ia)) {
 		/* The work this completion waits for is the daemon's, which
-		 * may share this processor: a program that spins on an empty
-		 * CQ (perftest does) would hold it off for a time slice. */
+		 * shares this processor: a program that spins on an empty CQ
+		 * (perftest does) would hold it off for a time slice. On a
+		 * CPU of its own the poll makes no system call. */
 		sched_yield();
 	} else if (got) {
 		q->empty = 0;

@@ -24,7 +24,7 @@
 
 enum {
 	CTL_MAGIC = 0x5352,
-	CTL_VERSION = 6, /* ctl.Version */
+	CTL_VERSION = 7, /* ctl.Version */
 	CTL_HEADER = 16,
 	CTL_MAX = 65536,
 	OP_HELLO = 1,
@@ -298,6 +298,7 @@ int srn_session_open(struct srn_session *s, const char *client, struct srn_ia *i
 		ia->max_sq = srn_rn(&r, 4);
 		ia->max_rq = srn_rn(&r, 4);
 		str(&r, ia->version, sizeof(ia->version));
+		srn_rbytes(&r, ia->cpus, sizeof(ia->cpus), &ia->ncpus);
 		region = srn_rn(&r, 8);
 		if (r.bad || r.p != r.end)
 			err = EPROTO;

@@ -37,6 +37,10 @@ struct srn_ia {
 	uint16_t max_ird, max_ord;
 	uint32_t max_sq, max_rq;
 	char version[64];
+	/* the CPUs the daemon's datapath runs on (ctl.IAAttr.DatapathCPUs):
+	 * bit i%8 of cpus[i/8], ncpus octets */
+	uint8_t cpus[128];
+	size_t ncpus;
 };
 
 /* srn_socket_path is where a session connects: $SOFTRNIC_SOCKET, else the
@@ -482,9 +486,10 @@ struct srn_cq {
 	uint32_t empty;  /* polls in a row that found nothing */
 };
 
-/* ibv_poll_cq yields the processor after this many polls in a row find
- * the CQ empty (cq.c): 1 measured best (hack/bench-verbs.sh: ib_write_bw
- * 558 MB/s against 451 with 16, on a 2-core host). */
+/* ibv_poll_cq, on a CPU the daemon's datapath also runs on, yields the
+ * processor after this many polls in a row find the CQ empty (cq.c): 1
+ * measured best (hack/bench-verbs.sh: ib_write_bw 558 MB/s against 451
+ * with 16, on a 2-core host). On any other CPU it never yields. */
 #define SRN_YIELD_EVERY 1
 
 /* Register [addr, addr+len) of this process (ctl RegisterProcessMemory):
