@@ -588,7 +588,8 @@ func TestDAT17PostDoesNotAllocate(t *testing.T) {
 }
 
 // The remaining connection events an application sees on connect:
-// PEER_REJECTED with the peer's private data, and UNREACHABLE.
+// PEER_REJECTED with the peer's private data, and NON_PEER_REJECTED from a
+// port nobody listens on (the host answered: not UNREACHABLE).
 func TestRejectedAndUnreachable(t *testing.T) {
 	server, cli, port := listeningPair(t)
 	cep := cli.ep(t)
@@ -609,8 +610,8 @@ func TestRejectedAndUnreachable(t *testing.T) {
 
 	must(t, cep.Reset())
 	must(t, cep.Connect(addr(freePort(t)), nil, 10*time.Second)) // nobody listens
-	if ev := wait(t, cli.conn); ev.Conn != client.Unreachable {
-		t.Fatalf("closed port: %v", ev.Conn)
+	if ev := wait(t, cli.conn); ev.Conn != client.NonPeerRejected {
+		t.Fatalf("closed port: %v, want NON_PEER_REJECTED", ev.Conn)
 	}
 }
 

@@ -9,8 +9,7 @@ import (
 
 // A connect told to retry while the peer's host refuses it (nothing listens
 // on the port yet) connects once the listener comes, 300 ms later; a plain
-// connect to a port nobody listens on fails at once, UNREACHABLE, as
-// before.
+// connect to a port nobody listens on fails at once, NON_PEER_REJECTED.
 func TestConnectRetriesRefused(t *testing.T) {
 	sock, _ := startDaemon(t)
 	server, cli := newApp(t, sock, "server"), newApp(t, sock, "client")
@@ -18,7 +17,7 @@ func TestConnectRetriesRefused(t *testing.T) {
 	plain := cli.ep(t)
 	began := time.Now()
 	must(t, plain.Connect(addr(freePort(t)), nil, 10*time.Second))
-	if ev := wait(t, cli.conn); ev.Conn != client.Unreachable {
+	if ev := wait(t, cli.conn); ev.Conn != client.NonPeerRejected {
 		t.Fatalf("plain connect to nobody: %v", ev.Conn)
 	}
 	if d := time.Since(began); d > 3*time.Second {

@@ -774,12 +774,17 @@ func (s *session) rejectCR(req *ctl.RejectCR) error {
 	return nil
 }
 
-// connectEvent maps a failed connect to its DAT event.
+// connectEvent maps a failed connect to its DAT event. A refused one
+// (nothing listens on the port) is NON_PEER_REJECTED: the peer's host was
+// reached and answered, and DAT keeps UNREACHABLE for a host that cannot
+// be reached or does not answer (seed 000, dat_ep_connect).
 func connectEvent(err error) uint32 {
 	var rej *rnic.RejectedError
 	switch {
 	case errors.As(err, &rej):
 		return ctl.EvPeerRejected
+	case errors.Is(err, rnic.ErrRefused):
+		return ctl.EvNonPeerRejected
 	case errors.Is(err, rnic.ErrUnreachable):
 		return ctl.EvUnreachable
 	case errors.Is(err, rnic.ErrTimedOut):

@@ -54,7 +54,7 @@ func TestKilledClientFreesItsResources(t *testing.T) {
 						m := r.killOnce(t, ph)
 						msg := fmt.Sprintf("%s %s #%d: objects freed %v", dp, ph.name, rep, rounded(m.objs))
 						if ph.port {
-							msg += fmt.Sprintf(", port listenable %v (then a connect to it UNREACHABLE in %v)", rounded(m.port), rounded(m.refused))
+							msg += fmt.Sprintf(", port listenable %v (then a connect to it NON_PEER_REJECTED in %v)", rounded(m.port), rounded(m.refused))
 							refused = append(refused, m.refused)
 						}
 						if m.peerEvent != 0 {
@@ -82,7 +82,7 @@ func TestKilledClientFreesItsResources(t *testing.T) {
 			checkKillMedian(t, dp+": SIGKILL to port listenable again", portFreed)
 			checkKillMedian(t, dp+": SIGKILL to the dead client's objects freed", objsFreed)
 			checkKillMedian(t, dp+": SIGKILL to the peer's disconnect or failed connect", peerSaw)
-			checkKillMedian(t, dp+": connect to a port nobody listens on, to UNREACHABLE", refused)
+			checkKillMedian(t, dp+": connect to a port nobody listens on, to NON_PEER_REJECTED", refused)
 		})
 	}
 }
@@ -375,14 +375,14 @@ func (r *killRig) killOnce(t *testing.T, ph killPhase) (m killMeasure) {
 	}
 	if ph.port {
 		// With the port free, a connect to it finds no listener and
-		// fails at once (UNREACHABLE), on both datapaths.
+		// fails at once (NON_PEER_REJECTED), on both datapaths.
 		start := time.Now()
 		pc := r.peerConnect(t)
 		ev := pc.waitEvent(t)
 		d := time.Since(start)
 		pc.free()
-		if ev != client.Unreachable || d > killLimit {
-			t.Errorf("connect to B's port with no listener: %v after %v, want UNREACHABLE at once", ev, rounded(d))
+		if ev != client.NonPeerRejected || d > killLimit {
+			t.Errorf("connect to B's port with no listener: %v after %v, want NON_PEER_REJECTED at once", ev, rounded(d))
 		}
 		m.refused = d
 	}

@@ -436,7 +436,8 @@ func TestHostileDaemon(t *testing.T) {
 // its own); an inline Send whose buffer is overwritten at once; a
 // completion channel polled; an 8 KiB RDMA Read compared; a bad local key
 // completing in error; unmapped memory refused registration; the event
-// channel pollable and non-blocking.
+// channel pollable and non-blocking; a connect to a port nobody listens on
+// REJECTED with ECONNREFUSED.
 func TestDataflow(t *testing.T) {
 	runOK(t, "dataflow", startDaemon(t), "17999")
 }

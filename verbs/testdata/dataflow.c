@@ -284,6 +284,28 @@ int main(int argc, char **argv)
 	rdma_destroy_qp(cli2);
 	if (rdma_destroy_id(cli2))
 		FAIL("destroy the rejected id");
+	/* a port nobody listens on: tried again for 5 s (RETRY_REFUSED_US),
+	 * then REJECTED with ECONNREFUSED, as a kernel iWARP device reports
+	 * the peer host's reset (not UNREACHABLE: the host answered) */
+	struct rdma_cm_id *cli3;
+	struct sockaddr_in closed = a;
+	closed.sin_port = htons(port + 1);
+	if (rdma_create_id(cch, &cli3, NULL, RDMA_PS_TCP) || rdma_resolve_addr(cli3, NULL, (struct sockaddr *)&closed, 2000))
+		FAIL("third id: %s", strerror(errno));
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(cli3, 2000))
+		FAIL("third route");
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	if (rdma_create_qp(cli3, pd, &qa2) || rdma_connect(cli3, NULL))
+		FAIL("connect to a closed port: %s", strerror(errno));
+	if (poll(&pf, 1, 30000) != 1)
+		FAIL("no event for a connect to a closed port in 30 s");
+	struct rdma_cm_event *refused = expect(cch, RDMA_CM_EVENT_REJECTED);
+	if (refused->id != cli3 || refused->status != -ECONNREFUSED)
+		FAIL("closed port: status %d, want %d", refused->status, -ECONNREFUSED);
+	rdma_ack_cm_event(refused);
+	rdma_destroy_qp(cli3);
+	rdma_destroy_id(cli3);
 	/* no synchronous ids */
 	struct rdma_cm_id *sync_id;
 	if (rdma_create_id(NULL, &sync_id, NULL, RDMA_PS_TCP) == 0 || errno != EOPNOTSUPP)
