@@ -197,7 +197,7 @@ func TestIbvDevinfo(t *testing.T) {
 	if err != nil {
 		t.Fatalf("ibv_devinfo -v: %v\n%s", err, out)
 	}
-	for _, want := range []string{"hca_id:\trnic7", "max_qp_rd_atom:\t\t\t64", "atomic_cap:\t\t\tATOMIC_NONE (0)", "max_srq:\t\t\t0",
+	for _, want := range []string{"hca_id:\trnic7", "max_qp_rd_atom:\t\t\t64", "atomic_cap:\t\t\tATOMIC_HCA (1)", "max_srq:\t\t\t0",
 		"GID[  0]:\t\t0000:0000:0000:0000:0000:ffff:7f00:0001"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("ibv_devinfo -v does not say %q:\n%s", want, out)

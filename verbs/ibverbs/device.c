@@ -3,7 +3,7 @@
  * iWARP RNIC on an Ethernet link, listed while softrnicd answers on its
  * socket. Its attributes are the daemon's (ctl.IAAttr); what no daemon
  * attribute says is given as an iWARP RNIC without the optional features
- * has it: no SRQ, no atomics through verbs, no memory windows, one port.
+ * has it: no SRQ, no memory windows, one port.
  */
 #include "srn.h"
 
@@ -254,7 +254,9 @@ EXPORT int srn_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 	a->max_pd = ia->max_ep;
 	a->max_qp_rd_atom = a->max_res_rd_atom = ia->max_ird;
 	a->max_qp_init_rd_atom = ia->max_ord;
-	a->atomic_cap = IBV_ATOMIC_NONE;
+	/* atomic with respect to the daemon's other atomics, not to the
+	 * processor's stores (qp/atomic.go) */
+	a->atomic_cap = IBV_ATOMIC_HCA;
 	a->max_pkeys = 1;
 	a->phys_port_cnt = 1;
 	return 0;

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <rdma/rdma_cma.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,45 @@ int main(int argc, char **argv)
 	ok_wc(wait_wc(ccq), IBV_WC_RDMA_READ, 3);
 	if (memcmp(cbuf, sbuf, 8192))
 		FAIL("read data differs");
+
+	/* atomics, which the device says it has (atomic with respect to the
+	 * daemon's other atomics: IBV_ATOMIC_HCA), on an aligned word */
+	struct ibv_device_attr da;
+	if (ibv_query_device(cli->verbs, &da) || da.atomic_cap != IBV_ATOMIC_HCA)
+		FAIL("atomic_cap %d, want IBV_ATOMIC_HCA", da.atomic_cap);
+	uint64_t *word = aligned_alloc(8, 8);
+	*word = 100;
+	struct ibv_mr *amr = ibv_reg_mr(pd, word, 8, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_ATOMIC);
+	if (!amr)
+		FAIL("ibv_reg_mr for atomics: %s", strerror(errno));
+	struct {
+		enum ibv_wr_opcode op;
+		uint64_t compare_add, swap, old, now;
+	} atomics[] = {
+		{IBV_WR_ATOMIC_FETCH_AND_ADD, 5, 0, 100, 105},
+		{IBV_WR_ATOMIC_CMP_AND_SWP, 104, 1, 105, 105}, /* no match: nothing stored */
+		{IBV_WR_ATOMIC_CMP_AND_SWP, 105, 7, 105, 7},
+	};
+	for (size_t k = 0; k < sizeof(atomics) / sizeof(atomics[0]); k++) {
+		struct ibv_sge as = {.addr = (uintptr_t)cbuf, .length = 8, .lkey = cmr->lkey};
+		struct ibv_send_wr aw = {.wr_id = 10 + k, .sg_list = &as, .num_sge = 1, .opcode = atomics[k].op,
+					 .send_flags = IBV_SEND_SIGNALED};
+		aw.wr.atomic.remote_addr = (uintptr_t)word;
+		aw.wr.atomic.rkey = amr->rkey;
+		aw.wr.atomic.compare_add = atomics[k].compare_add;
+		aw.wr.atomic.swap = atomics[k].swap;
+		if (ibv_post_send(cli->qp, &aw, (struct ibv_send_wr **)&bad))
+			FAIL("post atomic %zu: %s", k, strerror(errno));
+		ok_wc(wait_wc(ccq), atomics[k].op == IBV_WR_ATOMIC_FETCH_AND_ADD ? IBV_WC_FETCH_ADD : IBV_WC_COMP_SWAP,
+		      10 + k);
+		uint64_t old;
+		memcpy(&old, cbuf, 8);
+		if (old != atomics[k].old || *(volatile uint64_t *)word != atomics[k].now)
+			FAIL("atomic %zu: returned %llu (want %llu), word %llu (want %llu)", k, (unsigned long long)old,
+			     (unsigned long long)atomics[k].old, (unsigned long long)*word,
+			     (unsigned long long)atomics[k].now);
+	}
+	ibv_dereg_mr(amr);
 
 	/* a bad local key completes in error, and the connection ends */
 	struct ibv_sge bs = {.addr = (uintptr_t)cbuf, .length = 16, .lkey = 0x12345600};
