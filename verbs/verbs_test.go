@@ -239,6 +239,34 @@ func TestDefaultSocket(t *testing.T) {
 	}
 }
 
+// The static rate conversions answer as Debian's libibverbs does, value
+// for value (testdata/rates.c run over each library).
+func TestRatesAreDebians(t *testing.T) {
+	lib := build(t)
+	bin := filepath.Join(t.TempDir(), "rates")
+	if out, err := exec.Command("cc", "-Wall", "-Werror", "-o", bin, filepath.Join("testdata", "rates.c"), "-l:libibverbs.so.1").CombinedOutput(); err != nil {
+		t.Fatalf("cc: %v\n%s", err, out)
+	}
+	run := func(env ...string) string {
+		cmd := exec.Command(bin)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("rates %v: %v\n%s", env, err, out)
+		}
+		return string(out)
+	}
+	debian, ours := run(), run("LD_LIBRARY_PATH="+lib)
+	if debian != ours {
+		d, o := strings.Split(debian, "\n"), strings.Split(ours, "\n")
+		for i := range min(len(d), len(o)) {
+			if d[i] != o[i] {
+				t.Errorf("Debian's: %s; ours: %s", d[i], o[i])
+			}
+		}
+	}
+}
+
 // The C side of the control protocol uses ctl's numbers.
 func TestCtlNumbers(t *testing.T) {
 	c, err := os.ReadFile("ibverbs/ctl.c")

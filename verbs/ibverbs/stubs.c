@@ -170,8 +170,6 @@ EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; retur
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_0, ibv_query_srq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_1, ibv_query_srq, "@@IBVERBS_1.1");
-EXPORT long ibv_rate_to_mbps(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long ibv_rate_to_mult(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT long ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *ibv_reg_dmabuf_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
@@ -188,8 +186,6 @@ EXPORT long ibv_set_ece(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void ibv_unimport_dm(void) {}
 EXPORT void ibv_unimport_mr(void) {}
 EXPORT void ibv_unimport_pd(void) {}
-EXPORT long mbps_to_ibv_rate(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long mult_to_ibv_rate(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT _Bool verbs_allow_disassociate_destroy; /* verbs_allow_disassociate_destroy@@IBVERBS_PRIVATE_34 object */
 EXPORT long verbs_init_cq(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 EXPORT void *verbs_open_device(void) { errno = EOPNOTSUPP; return NULL; }
