@@ -267,6 +267,12 @@ func TestRatesAreDebians(t *testing.T) {
 	}
 }
 
+// What the libraries do not implement fails as rdma-core's callers test
+// for (testdata/unsupported.c).
+func TestUnsupportedFails(t *testing.T) {
+	runOK(t, "unsupported", startDaemon(t))
+}
+
 // The C side of the control protocol uses ctl's numbers.
 func TestCtlNumbers(t *testing.T) {
 	c, err := os.ReadFile("ibverbs/ctl.c")

@@ -127,9 +127,9 @@ EXPORT long srn_stub_ibv_detach_mcast_IBVERBS_1_1(void) { errno = EOPNOTSUPP; re
 SYMVER(srn_stub_ibv_detach_mcast_IBVERBS_1_1, ibv_detach_mcast, "@@IBVERBS_1.1");
 EXPORT void srn_stub_ibv_free_device_list_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_free_device_list_IBVERBS_1_0, ibv_free_device_list, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_0, ibv_get_async_event, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_1, ibv_get_async_event, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_0, ibv_get_cq_event, "@IBVERBS_1.0");
@@ -139,12 +139,12 @@ EXPORT void *srn_stub_ibv_get_device_list_IBVERBS_1_0(void) { errno = EOPNOTSUPP
 SYMVER(srn_stub_ibv_get_device_list_IBVERBS_1_0, ibv_get_device_list, "@IBVERBS_1.0");
 EXPORT void *srn_stub_ibv_get_device_name_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_get_device_name_IBVERBS_1_0, ibv_get_device_name, "@IBVERBS_1.0");
-EXPORT long ibv_get_pkey_index(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_get_pkey_index(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void *ibv_import_device(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_import_dm(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_import_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *ibv_import_pd(void) { errno = EOPNOTSUPP; return NULL; }
-EXPORT long ibv_init_ah_from_wc(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_init_ah_from_wc(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long srn_stub_ibv_modify_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_modify_qp_IBVERBS_1_0, ibv_modify_qp, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_modify_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
@@ -165,18 +165,18 @@ EXPORT long srn_stub_ibv_query_port_IBVERBS_1_0(void) { errno = EOPNOTSUPP; retu
 SYMVER(srn_stub_ibv_query_port_IBVERBS_1_0, ibv_query_port, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_qp_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_qp_IBVERBS_1_0, ibv_query_qp, "@IBVERBS_1.0");
-EXPORT long ibv_query_qp_data_in_order(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_query_qp_data_in_order(void) { errno = EOPNOTSUPP; return 0; }
 EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_0, ibv_query_srq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_srq_IBVERBS_1_1, ibv_query_srq, "@@IBVERBS_1.1");
-EXPORT long ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_read_ibdev_sysfs_file(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT void *ibv_reg_dmabuf_mr(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT void *srn_stub_ibv_reg_mr_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_reg_mr_IBVERBS_1_0, ibv_reg_mr, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_register_driver_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_register_driver_IBVERBS_1_1, ibv_register_driver, "@IBVERBS_1.1");
-EXPORT long ibv_rereg_mr(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long ibv_rereg_mr(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long srn_stub_ibv_resize_cq_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_resize_cq_IBVERBS_1_0, ibv_resize_cq, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_resize_cq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
