@@ -77,6 +77,7 @@ package rnic
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -246,7 +247,7 @@ func (pd *PD) Free() error {
 type stagTable struct {
 	chunks atomic.Pointer[[]*stagChunk]
 	mu     sync.Mutex
-	keys   []uint8 // by index; its length is the next index never used
+	keys   []uint8 // by index; its length is the next index never made free
 	free   []uint32
 }
 
@@ -281,25 +282,36 @@ func (t *stagTable) slot(idx uint32) *atomic.Pointer[qp.MR] {
 	return &cs[idx/stagChunkSize][idx%stagChunkSize]
 }
 
+// insert gives m an STag and makes it found. Neither part of the STag
+// follows from another region's: the index is drawn at random from the
+// free ones (the free list grows a chunk's worth at a time), and each
+// index's key starts at random, then steps on at each reuse, so that a
+// stale STag names nothing for 255 reuses of its index. A peer that knows
+// its own STags cannot name another connection's region by counting (it
+// would also need the region's PZ).
 func (t *stagTable) insert(m *qp.MR) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var idx uint32
-	if n := len(t.free); n > 0 {
-		idx = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
+	if len(t.free) == 0 {
 		// Index 0 is never used: STag 0 is reserved in many stacks,
 		// and the RTR STag 1 must not name a real region.
 		if len(t.keys) == 0 {
 			t.keys = append(t.keys, 0)
 		}
-		if len(t.keys) > MaxSTagIndex {
+		base := len(t.keys)
+		if base > MaxSTagIndex {
 			return ErrResources
 		}
-		idx = uint32(len(t.keys))
-		t.keys = append(t.keys, 0)
+		n := min(stagChunkSize-base%stagChunkSize, MaxSTagIndex+1-base)
+		for i := range n {
+			t.keys = append(t.keys, uint8(rand.Uint32()))
+			t.free = append(t.free, uint32(base+i))
+		}
 	}
+	j := rand.IntN(len(t.free))
+	idx := t.free[j]
+	t.free[j] = t.free[len(t.free)-1]
+	t.free = t.free[:len(t.free)-1]
 	t.keys[idx]++
 	m.STag = idx<<8 | uint32(t.keys[idx])
 	t.slot(idx).Store(m) // publishes m.STag with it

@@ -633,6 +633,52 @@ func testOnEventReplacesTheChannel(t *testing.T, f *fabric) {
 	}
 }
 
+// STags do not follow from each other: of 256 regions registered one after
+// another, no two in a row have neighbouring indices or the same key more
+// often than chance would have it, and a reused index gets a new key.
+func TestSTagsUnpredictable(t *testing.T) {
+	var tab stagTable
+	var prev uint32
+	next, sameKey := 0, 0
+	for i := range 256 {
+		m := &qp.MR{}
+		if err := tab.insert(m); err != nil {
+			t.Fatal(err)
+		}
+		if i > 0 && m.STag>>8 == prev>>8+1 {
+			next++
+		}
+		if i > 0 && uint8(m.STag) == uint8(prev) {
+			sameKey++
+		}
+		prev = m.STag
+	}
+	// By chance about 1/1000 and 1/256 of the pairs: 16 of 255 is far off.
+	if next > 16 || sameKey > 16 {
+		t.Errorf("of 255 STags in a row, %d have the next index and %d the same key as the one before", next, sameKey)
+	}
+	m := &qp.MR{}
+	if err := tab.insert(m); err != nil {
+		t.Fatal(err)
+	}
+	old := m.STag
+	tab.remove(m)
+	for range 50000 { // until the index comes again
+		n := &qp.MR{}
+		if err := tab.insert(n); err != nil {
+			t.Fatal(err)
+		}
+		if n.STag>>8 == old>>8 {
+			if n.STag == old || tab.Lookup(old) != nil {
+				t.Fatalf("index %#x reused with its old STag %#x", old>>8, old)
+			}
+			return
+		}
+		tab.remove(n)
+	}
+	t.Fatal("a free index never came again")
+}
+
 // Lookups run on the pollers while the application registers and
 // deregisters: a region registered throughout is found at every lookup,
 // while the chunk list grows under it; afterwards every live STag finds its
