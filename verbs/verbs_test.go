@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -31,7 +32,7 @@ import (
 // own, which a test can run with the CPUs it chooses (TestPollYield).
 func TestMain(m *testing.M) {
 	if sock := os.Getenv("SOFTRNIC_VERBS_TEST_DAEMON"); sock != "" {
-		srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -476,29 +477,122 @@ func TestDataflow(t *testing.T) {
 	runOK(t, "dataflow", startDaemon(t), "17999")
 }
 
-// runOK compiles testdata/NAME.c against the libraries, runs it with the
-// daemon at sock, and wants "ok" of it within 60 s.
-func runOK(t *testing.T, name, sock string, args ...string) {
+// compile builds the libraries and testdata/NAME.c against them.
+func compile(t *testing.T, name string) (bin, lib string) {
 	t.Helper()
-	lib := build(t)
-	bin := filepath.Join(t.TempDir(), name)
-	out, err := exec.Command("cc", "-Wall", "-Werror", "-o", bin, filepath.Join("testdata", name+".c"), "-L"+lib,
+	lib = build(t)
+	bin = filepath.Join(t.TempDir(), name)
+	out, err := exec.Command("cc", "-Wall", "-Werror", "-pthread", "-o", bin, filepath.Join("testdata", name+".c"), "-L"+lib,
 		"-l:librdmacm.so.1", "-l:libibverbs.so.1").CombinedOutput()
 	if err != nil {
 		t.Fatalf("cc: %v\n%s", err, out)
 	}
+	return bin, lib
+}
+
+// runOK compiles testdata/NAME.c against the libraries, runs it with the
+// daemon at sock, and wants "ok" of it within 60 s.
+func runOK(t *testing.T, name, sock string, args ...string) {
+	t.Helper()
+	bin, lib := compile(t, name)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
 	cmd.WaitDelay = time.Second
 	done := make(chan struct{})
 	timer := time.AfterFunc(60*time.Second, func() { cmd.Process.Kill(); close(done) })
-	out, err = cmd.CombinedOutput()
+	out, err := cmd.CombinedOutput()
 	if !timer.Stop() {
 		<-done
 		t.Fatalf("%s hung for 60 s:\n%s", name, out)
 	}
 	if err != nil || string(out) != "ok\n" {
 		t.Fatalf("%s: %v\n%s", name, err, out)
+	}
+}
+
+// daemonProcess runs the test binary as a daemon (TestMain) serving at
+// sock, under the command prefix if one is given (taskset, say), until
+// the test ends or the caller kills it, and returns once it serves.
+func daemonProcess(t *testing.T, sock string, prefix ...string) *exec.Cmd {
+	t.Helper()
+	args := append(append([]string(nil), prefix...), os.Args[0], "-test.run=^$")
+	d := exec.Command(args[0], args[1:]...)
+	d.Env = append(os.Environ(), "SOFTRNIC_VERBS_TEST_DAEMON="+sock)
+	d.Stderr = os.Stderr
+	_ = os.Remove(sock)
+	if err := d.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
+	for i := 0; ; i++ {
+		if c, err := net.Dial("unixpacket", sock); err == nil {
+			c.Close()
+			return d
+		}
+		if i == 300 {
+			t.Fatal("the daemon never answered on its socket")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// When the daemon is killed under a process with connected QPs, every
+// wait of the process ends: DEVICE_REMOVAL for each RDMA-CM id,
+// IBV_EVENT_DEVICE_FATAL, EIO from the completion channel, ibv_poll_cq
+// and the posts; everything can be destroyed; and once a daemon serves
+// the socket again, new ids are its (testdata/daemondeath.c).
+func TestDaemonDeath(t *testing.T) {
+	bin, lib := compile(t, "daemondeath")
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	d := daemonProcess(t, sock)
+	cmd := exec.Command(bin, strconv.Itoa(freePort(t)))
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(outPipe)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case l, ok := <-lines:
+			if ok && l == want {
+				return
+			}
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("daemondeath said %q, want %q:\n%s", l, want, stderr.String())
+		case <-time.After(90 * time.Second):
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("daemondeath did not say %q in 90 s:\n%s", want, stderr.String())
+		}
+	}
+	expect("ready")
+	d.Process.Kill()
+	d.Wait()
+	expect("removed")
+	daemonProcess(t, sock)
+	fmt.Fprintln(in, "go")
+	expect("ok")
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("daemondeath: %v\n%s", err, stderr.String())
 	}
 }
 
@@ -513,22 +607,7 @@ func TestPollYield(t *testing.T) {
 		testenv.Unmet(t, "needs 2 CPUs")
 	}
 	sock := filepath.Join(t.TempDir(), "d.sock")
-	d := exec.Command(taskset, "-c", "0", os.Args[0], "-test.run=^$")
-	d.Env = append(os.Environ(), "SOFTRNIC_VERBS_TEST_DAEMON="+sock)
-	d.Stderr = os.Stderr
-	if err := d.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { d.Process.Signal(syscall.SIGTERM); d.Wait() })
-	for i := 0; ; i++ {
-		if _, err := os.Stat(sock); err == nil {
-			break
-		}
-		if i == 300 {
-			t.Fatal("the daemon's socket never appeared")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	daemonProcess(t, sock, taskset, "-c", "0")
 	runOK(t, "pollyield", sock, "1", "none")
 	runOK(t, "pollyield", sock, "0", "some")
 }
@@ -544,4 +623,15 @@ func TestIBConnect(t *testing.T) {
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	runOK(t, "ibconnect", startDaemonWith(t, daemon.Options{IBConnPort: port, IBConnTimeout: time.Second, IBConnParkTimeout: 300 * time.Millisecond}))
+}
+
+// freePort is a TCP port of loopback that nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }

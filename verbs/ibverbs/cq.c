@@ -30,9 +30,14 @@ EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *ctx)
 		errno = ENOMEM;
 		return NULL;
 	}
+	/* The set holds the CQs' eventfds and the session's socket, so that
+	 * a waiter wakes when the daemon hangs up (data.ptr NULL). */
 	ch->fd = epoll_create1(EPOLL_CLOEXEC);
-	if (ch->fd < 0) {
+	struct epoll_event hup = {.events = EPOLLRDHUP, .data.ptr = NULL};
+	if (ch->fd < 0 || epoll_ctl(ch->fd, EPOLL_CTL_ADD, srn_session_of(ctx)->fd, &hup) < 0) {
 		int e = errno;
+		if (ch->fd >= 0)
+			close(ch->fd);
 		free(ch);
 		errno = e;
 		return NULL;
@@ -194,16 +199,27 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		}
 	}
 	pthread_spin_unlock(&q->evd.lock);
-	if (got == 0 && ++q->empty % SRN_YIELD_EVERY == 0 && on_datapath_cpu(&srn_ctx(cq->context)->ia)) {
+	if (got) {
+		q->empty = 0;
+		return got;
+	}
+	struct srn_context *c = srn_ctx(cq->context);
+	++q->empty;
+	if (srn_session_dead(&c->sess) || (q->empty % SRN_GONE_EVERY == 0 && srn_session_gone(&c->sess))) {
+		/* The daemon has gone: what was in the CQ was taken, and
+		 * nothing more will come. An error, not a wait forever. */
+		errno = EIO;
+		return -1;
+	}
+	if (q->empty % SRN_YIELD_EVERY == 0 && on_datapath_cpu(&c->ia)) {
 		/* The work this completion waits for is the daemon's, which
 		 * shares this processor: a program that spins on an empty CQ
 		 * (perftest does) would hold it off for a time slice. On a
-		 * CPU of its own the poll makes no system call. */
+		 * CPU of its own the poll makes no system call but the
+		 * check for a daemon gone, once in SRN_GONE_EVERY. */
 		sched_yield();
-	} else if (got) {
-		q->empty = 0;
 	}
-	return got;
+	return 0;
 }
 
 /* ibv_req_notify_cq: the next completion added signals the channel, as
@@ -239,6 +255,12 @@ EXPORT int srn_get_cq_event(struct ibv_comp_channel *ch, struct ibv_cq **cq, voi
 			return -1;
 		}
 		struct srn_cq *q = ev.data.ptr;
+		if (!q) {
+			/* the daemon has gone: no completion will come */
+			srn_session_gone(srn_session_of(ch->context));
+			errno = EIO;
+			return -1;
+		}
 		uint64_t v;
 		if (read(q->evd.notify, &v, sizeof(v)) != sizeof(v))
 			continue; /* another thread took it */

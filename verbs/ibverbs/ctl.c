@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <glob.h>
+#include <poll.h>
 #include <stdio.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -192,6 +193,8 @@ int srn_call_fds(struct srn_session *s, uint16_t op, const uint8_t *body, size_t
 		err = exchange(s->fd, ++s->next_id, op, body, len, msg, &r, fds, max, nfds);
 		if (err == ETIMEDOUT || err == EPROTO)
 			s->broken = 1;
+		if (err == ENODEV)
+			__atomic_store_n(&s->gone, 1, __ATOMIC_RELAXED);
 	}
 	pthread_mutex_unlock(&s->mu);
 	if (!err) {
@@ -242,6 +245,18 @@ static void allow_daemon(int fd, struct srn_session *s)
 	s->daemon_pid = cr.pid;
 	if (cr.uid != 0 && cr.pid > 0)
 		prctl(PR_SET_PTRACER, (unsigned long)cr.pid, 0, 0, 0);
+}
+
+int srn_session_gone(struct srn_session *s)
+{
+	if (srn_session_dead(s))
+		return 1;
+	struct pollfd p = {.fd = s->fd, .events = POLLRDHUP};
+	if (s->fd < 0 || (poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)))) {
+		__atomic_store_n(&s->gone, 1, __ATOMIC_RELAXED);
+		return 1;
+	}
+	return 0;
 }
 
 int srn_session_open(struct srn_session *s, const char *client, struct srn_ia *ia, int map)

@@ -14,7 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <net/if.h>
-#include <sys/eventfd.h>
+#include <fcntl.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 /* The library's one device, made by ibv_get_device_list. The list holds
@@ -171,10 +172,16 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		return NULL;
 	}
 	struct ibv_context *ctx = &c->vctx.context;
-	/* Asynchronous events: none are made yet; the fd can be polled. */
-	ctx->async_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (ctx->async_fd < 0) {
+	/* Asynchronous events: the one there is, IBV_EVENT_DEVICE_FATAL, is
+	 * the daemon hanging up, which the set sees on the session's socket
+	 * (readable from then on, as a kernel device's after a fatal
+	 * error). */
+	ctx->async_fd = epoll_create1(EPOLL_CLOEXEC);
+	struct epoll_event hup = {.events = EPOLLRDHUP};
+	if (ctx->async_fd < 0 || epoll_ctl(ctx->async_fd, EPOLL_CTL_ADD, c->sess.fd, &hup) < 0) {
 		int e = errno;
+		if (ctx->async_fd >= 0)
+			close(ctx->async_fd);
 		srn_session_close(&c->sess);
 		free(c);
 		errno = e;
@@ -228,6 +235,37 @@ EXPORT int srn_close_device(struct ibv_context *ctx)
 	return 0;
 }
 SYMVER_DEFAULT(srn_close_device, ibv_close_device, "IBVERBS_1.1");
+
+/* ibv_get_async_event: IBV_EVENT_DEVICE_FATAL once the daemon has gone,
+ * then -1 with EIO, as a kernel device's after a fatal error; blocking
+ * until then unless the application made async_fd non-blocking (EAGAIN). */
+EXPORT int srn_get_async_event(struct ibv_context *ctx, struct ibv_async_event *event)
+{
+	struct srn_context *c = ctx ? srn_ctx(ctx) : NULL;
+	if (!c || !event) {
+		errno = EINVAL;
+		return -1;
+	}
+	int nonblock = fcntl(ctx->async_fd, F_GETFL) & O_NONBLOCK;
+	while (!srn_session_gone(&c->sess)) {
+		struct epoll_event ev;
+		int n = epoll_wait(ctx->async_fd, &ev, 1, nonblock ? 0 : -1);
+		if (n < 0 && errno != EINTR)
+			return -1;
+		if (n == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+	if (__atomic_exchange_n(&c->fatal_given, 1, __ATOMIC_ACQ_REL)) {
+		errno = EIO;
+		return -1;
+	}
+	memset(event, 0, sizeof(*event));
+	event->event_type = IBV_EVENT_DEVICE_FATAL;
+	return 0;
+}
+SYMVER_DEFAULT(srn_get_async_event, ibv_get_async_event, "IBVERBS_1.1");
 
 static const struct srn_ia *ia_of(struct ibv_context *ctx)
 {

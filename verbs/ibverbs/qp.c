@@ -142,6 +142,10 @@ static int build(struct srn_qp *q, const struct ibv_send_wr *wr, uint8_t *e)
 int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct srn_qp *q = to_qp(qp);
+	if (srn_session_dead(srn_session_of(qp->context))) {
+		*bad = wr; /* the daemon has gone: nothing would take it */
+		return EIO;
+	}
 	int err = 0, posted = 0;
 	pthread_spin_lock(&q->sq_lock);
 	for (; wr; wr = wr->next) {
@@ -173,6 +177,10 @@ int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr 
 int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct srn_qp *q = to_qp(qp);
+	if (srn_session_dead(srn_session_of(qp->context))) {
+		*bad = wr;
+		return EIO;
+	}
 	int err = 0, posted = 0;
 	pthread_spin_lock(&q->rq_lock);
 	for (; wr; wr = wr->next) {

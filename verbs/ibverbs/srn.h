@@ -64,6 +64,7 @@ struct srn_session {
 	pid_t daemon_pid;
 	pid_t pid;  /* the process that opened it: a fork child's calls fail */
 	int broken; /* a reply did not come in time, or was not one */
+	int gone;   /* the daemon hung up (atomic): srn_session_gone */
 };
 
 /*
@@ -73,6 +74,14 @@ struct srn_session {
  */
 int srn_session_open(struct srn_session *s, const char *client, struct srn_ia *ia, int map) HIDDEN;
 void srn_session_close(struct srn_session *s) HIDDEN;
+
+/* srn_session_gone says whether the daemon has hung up: it remembers a
+ * hang-up seen, else asks the socket (one poll(2), never blocking). */
+int srn_session_gone(struct srn_session *s) HIDDEN;
+
+/* srn_session_dead is srn_session_gone's memory alone: no system call,
+ * for the data path. */
+static inline int srn_session_dead(struct srn_session *s) { return __atomic_load_n(&s->gone, __ATOMIC_RELAXED); }
 
 /*
  * srn_call makes one request (op, with body) and reads the reply's body
@@ -433,6 +442,7 @@ struct srn_context {
 	 * go to the EVD connect_evd. */
 	struct ibv_qp *(*create_qp_cm)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, uint32_t connect_evd,
 				       uint16_t ird, uint16_t ord);
+	int fatal_given; /* IBV_EVENT_DEVICE_FATAL handed out (atomic) */
 	uint32_t magic;
 };
 
@@ -491,6 +501,11 @@ struct srn_cq {
  * measured best (hack/bench-verbs.sh: ib_write_bw 558 MB/s against 451
  * with 16, on a 2-core host). On any other CPU it never yields. */
 #define SRN_YIELD_EVERY 1
+
+/* ibv_poll_cq asks whether the daemon has gone (srn_session_gone: one
+ * poll(2)) after this many polls in a row find the CQ empty; a program
+ * that waits on a CQ fails with EIO then, instead of spinning for ever. */
+#define SRN_GONE_EVERY 65536
 
 /* Register [addr, addr+len) of this process (ctl RegisterProcessMemory):
  * 0 or an errno value. */

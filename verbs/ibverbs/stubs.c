@@ -129,8 +129,6 @@ EXPORT void srn_stub_ibv_free_device_list_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_free_device_list_IBVERBS_1_0, ibv_free_device_list, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_0, ibv_get_async_event, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_1(void) { errno = EOPNOTSUPP; return -1; }
-SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_1, ibv_get_async_event, "@@IBVERBS_1.1");
 EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_0, ibv_get_cq_event, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_get_device_guid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }

@@ -93,6 +93,7 @@ struct cm_id {
 	int events;   /* returned and not acknowledged */
 	int addr_resolved;
 	int dead;
+	int removed; /* DEVICE_REMOVAL made for it */
 };
 
 /* One lock for the library's ids, channels and the shared context; a
@@ -101,11 +102,18 @@ struct cm_id {
  * session's, which nothing here holds while calling back. */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t acked = PTHREAD_COND_INITIALIZER;
-static struct ibv_context *verbs; /* the process's context, open for its life */
+static struct ibv_context *verbs; /* the process's context */
+static int channels;              /* how many channels there are */
 
-/* context opens the shared context of the device on first use; mu held. */
+/* context opens the shared context of the device on first use; mu held.
+ * A context whose daemon has gone is given up once no channel is left
+ * (each of its ids was told DEVICE_REMOVAL), and a new one opened, so
+ * that a restarted daemon serves the process again. The old one is left
+ * open, not closed: the application may still hold a PD or CQ of it. */
 static struct ibv_context *context(void)
 {
+	if (verbs && channels == 0 && srn_session_gone(&srn_ctx(verbs)->sess))
+		verbs = NULL;
 	if (verbs)
 		return verbs;
 	int n = 0;
@@ -180,11 +188,15 @@ static struct cm_channel *make_channel(void)
 		errno = err;
 		goto out;
 	}
+	/* the set: the daemon's events, this library's, and the session's
+	 * socket, which wakes it when the daemon hangs up (DEVICE_REMOVAL) */
 	c->ch.fd = epoll_create1(EPOLL_CLOEXEC);
 	c->local = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, b = {.events = EPOLLIN, .data.u32 = 1};
+	struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, b = {.events = EPOLLIN, .data.u32 = 1},
+			   hup = {.events = EPOLLRDHUP, .data.u32 = 2};
 	if (c->ch.fd < 0 || c->local < 0 || epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->evd.notify, &a) < 0 ||
-	    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->local, &b) < 0) {
+	    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->local, &b) < 0 ||
+	    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0) {
 		err = errno;
 		if (c->ch.fd >= 0)
 			close(c->ch.fd);
@@ -197,6 +209,7 @@ static struct cm_channel *make_channel(void)
 		goto out;
 	}
 	srn_evd_arm(&c->evd);
+	channels++;
 out:
 	pthread_mutex_unlock(&mu);
 	return c;
@@ -210,6 +223,9 @@ EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 
 static void free_channel(struct cm_channel *c)
 {
+	pthread_mutex_lock(&mu);
+	channels--;
+	pthread_mutex_unlock(&mu);
 	srn_evd_free(&c->evd);
 	close(c->ch.fd);
 	close(c->local);
@@ -765,6 +781,24 @@ static struct cm_event *next(struct cm_channel *c)
 			return NULL;
 		}
 		if (r == 0) {
+			if (srn_session_gone(&ctx()->sess)) {
+				/* the daemon has gone: each id hears
+				 * DEVICE_REMOVAL once, then the channel
+				 * has nothing more (ENODEV, not a wait) */
+				int made = 0;
+				for (struct cm_id *i = c->ids; i; i = i->next) {
+					struct cm_event *e = i->removed ? NULL : new_event(i, RDMA_CM_EVENT_DEVICE_REMOVAL, 0);
+					if (e) {
+						i->removed = 1;
+						post(c, e);
+						made = 1;
+					}
+				}
+				if (made)
+					continue;
+				errno = ENODEV;
+				return NULL;
+			}
 			if (!srn_evd_arm(&c->evd)) {
 				errno = EAGAIN;
 				return NULL;

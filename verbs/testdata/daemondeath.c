@@ -1,0 +1,179 @@
+/*
+ * daemondeath: the daemon is killed under a connected QP pair of this
+ * process, and nothing waits for ever. Once connected it prints "ready"
+ * and waits, blocked in rdma_get_cm_event and in ibv_get_cq_event, for the
+ * test to kill the daemon; then every wait ends: each id hears
+ * DEVICE_REMOVAL, the completion channel and ibv_poll_cq fail with EIO,
+ * ibv_get_async_event gives IBV_EVENT_DEVICE_FATAL, posts fail, and
+ * everything can be destroyed. It prints "removed" and waits for a line
+ * on stdin, sent once a new daemon serves the same socket, then makes a
+ * new channel and id, which the new daemon serves. Prints "ok" and exits
+ * 0, or names what failed.
+ *
+ *   daemondeath PORT
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <rdma/rdma_cma.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define FAIL(...)                                                                                                      \
+	do {                                                                                                           \
+		fprintf(stderr, "line %d: ", __LINE__);                                                                \
+		fprintf(stderr, __VA_ARGS__);                                                                          \
+		fprintf(stderr, "\n");                                                                                 \
+		exit(1);                                                                                               \
+	} while (0)
+
+static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(ch, &e))
+		FAIL("rdma_get_cm_event: %s", strerror(errno));
+	if (e->event != want)
+		FAIL("event %s (status %d), want %s", rdma_event_str(e->event), e->status, rdma_event_str(want));
+	return e;
+}
+
+static struct ibv_comp_channel *cc;
+static int cq_wait_errno;
+
+/* blocked in ibv_get_cq_event when the daemon dies */
+static void *cq_waiter(void *arg)
+{
+	(void)arg;
+	struct ibv_cq *cq;
+	void *cq_ctx;
+	cq_wait_errno = ibv_get_cq_event(cc, &cq, &cq_ctx) == 0 ? 0 : errno;
+	return NULL;
+}
+
+static void line(void)
+{
+	char b[16];
+	if (!fgets(b, sizeof(b), stdin))
+		FAIL("stdin closed");
+}
+
+int main(int argc, char **argv)
+{
+	alarm(120);
+	int port = argc > 1 ? atoi(argv[1]) : 7999;
+	struct rdma_event_channel *sch = rdma_create_event_channel(), *cch = rdma_create_event_channel();
+	if (!sch || !cch)
+		FAIL("rdma_create_event_channel: %s", strerror(errno));
+	struct rdma_cm_id *listener, *cli, *srv;
+	if (rdma_create_id(sch, &listener, NULL, RDMA_PS_TCP) || rdma_create_id(cch, &cli, NULL, RDMA_PS_TCP))
+		FAIL("rdma_create_id: %s", strerror(errno));
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port)};
+	a.sin_addr.s_addr = htonl(0x7f000001);
+	if (rdma_bind_addr(listener, (struct sockaddr *)&a) || rdma_listen(listener, 4))
+		FAIL("bind/listen: %s", strerror(errno));
+	if (rdma_resolve_addr(cli, NULL, (struct sockaddr *)&a, 2000))
+		FAIL("rdma_resolve_addr: %s", strerror(errno));
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(cli, 2000))
+		FAIL("rdma_resolve_route");
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	struct ibv_context *vc = cli->verbs;
+	struct ibv_pd *pd = ibv_alloc_pd(vc);
+	cc = ibv_create_comp_channel(vc);
+	struct ibv_cq *ccq = ibv_create_cq(vc, 16, NULL, NULL, 0), *scq = ibv_create_cq(vc, 16, NULL, cc, 0);
+	if (!pd || !cc || !ccq || !scq)
+		FAIL("pd/cq: %s", strerror(errno));
+	struct ibv_qp_init_attr qa = {.send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC,
+				      .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	if (rdma_create_qp(cli, pd, &qa) || rdma_connect(cli, NULL))
+		FAIL("client qp/connect: %s", strerror(errno));
+	struct rdma_cm_event *req = expect(sch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	srv = req->id;
+	rdma_ack_cm_event(req);
+	struct ibv_qp_init_attr sa = qa;
+	sa.send_cq = sa.recv_cq = scq;
+	if (rdma_create_qp(srv, pd, &sa) || rdma_accept(srv, NULL))
+		FAIL("server qp/accept: %s", strerror(errno));
+	rdma_ack_cm_event(expect(sch, RDMA_CM_EVENT_ESTABLISHED));
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_ESTABLISHED));
+	static char buf[64];
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+	if (!mr)
+		FAIL("ibv_reg_mr: %s", strerror(errno));
+	struct ibv_sge sg = {.addr = (uintptr_t)buf, .length = sizeof(buf), .lkey = mr->lkey};
+	struct ibv_recv_wr rw = {.wr_id = 1, .sg_list = &sg, .num_sge = 1}, *rbad;
+	if (ibv_post_recv(srv->qp, &rw, &rbad) || ibv_req_notify_cq(scq, 0))
+		FAIL("post_recv/notify");
+	pthread_t waiter;
+	if (pthread_create(&waiter, NULL, cq_waiter, NULL))
+		FAIL("pthread_create");
+
+	printf("ready\n");
+	fflush(stdout);
+	/* blocked here when the daemon is killed */
+	rdma_ack_cm_event(expect(cch, RDMA_CM_EVENT_DEVICE_REMOVAL));
+	pthread_join(waiter, NULL);
+	if (cq_wait_errno != EIO)
+		FAIL("ibv_get_cq_event ended with %s, want EIO", strerror(cq_wait_errno));
+	struct ibv_async_event ae;
+	if (ibv_get_async_event(vc, &ae) || ae.event_type != IBV_EVENT_DEVICE_FATAL)
+		FAIL("ibv_get_async_event: %s, event %d", strerror(errno), ae.event_type);
+	ibv_ack_async_event(&ae);
+	struct pollfd pf = {.fd = vc->async_fd, .events = POLLIN};
+	if (poll(&pf, 1, 0) != 1)
+		FAIL("async_fd not readable after the fatal event");
+	if (ibv_get_async_event(vc, &ae) == 0 || errno != EIO)
+		FAIL("second ibv_get_async_event: %s, want EIO", strerror(errno));
+	struct ibv_send_wr sw = {.wr_id = 2, .sg_list = &sg, .num_sge = 1, .opcode = IBV_WR_SEND}, *sbad;
+	int err = ibv_post_send(cli->qp, &sw, &sbad);
+	if (err != EIO || sbad != &sw)
+		FAIL("ibv_post_send after the daemon died: %s", strerror(err));
+	struct ibv_wc wc;
+	int n = 0;
+	for (long i = 0; i < 100000000 && (n = ibv_poll_cq(ccq, 1, &wc)) == 0; i++)
+		;
+	if (n >= 0)
+		FAIL("ibv_poll_cq after the daemon died: %d, want an error", n);
+	/* the listener and the server's id hear it too, then the channels
+	 * have nothing more */
+	for (int k = 0; k < 2; k++) {
+		struct rdma_cm_event *e = expect(sch, RDMA_CM_EVENT_DEVICE_REMOVAL);
+		if (e->id != listener && e->id != srv)
+			FAIL("DEVICE_REMOVAL for an id of the other channel");
+		rdma_ack_cm_event(e);
+	}
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(sch, &e) == 0 || errno != ENODEV)
+		FAIL("server channel after its removals: %s, want ENODEV", strerror(errno));
+	if (rdma_get_cm_event(cch, &e) == 0 || errno != ENODEV)
+		FAIL("client channel after its removal: %s, want ENODEV", strerror(errno));
+	/* everything goes */
+	if (ibv_dereg_mr(mr))
+		FAIL("ibv_dereg_mr");
+	rdma_destroy_qp(cli);
+	rdma_destroy_qp(srv);
+	if (ibv_destroy_cq(ccq) || ibv_destroy_cq(scq) || ibv_destroy_comp_channel(cc) || ibv_dealloc_pd(pd))
+		FAIL("destroy cq/channel/pd: %s", strerror(errno));
+	if (rdma_destroy_id(cli) || rdma_destroy_id(srv) || rdma_destroy_id(listener))
+		FAIL("rdma_destroy_id: %s", strerror(errno));
+	rdma_destroy_event_channel(sch);
+	rdma_destroy_event_channel(cch);
+
+	printf("removed\n");
+	fflush(stdout);
+	line();
+	/* a new daemon on the socket: a new channel and id are its */
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
+		FAIL("after the restart: channel/id: %s", strerror(errno));
+	if (rdma_bind_addr(id, (struct sockaddr *)&a) || rdma_listen(id, 4))
+		FAIL("after the restart: bind/listen: %s", strerror(errno));
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(ch);
+	printf("ok\n");
+	return 0;
+}
