@@ -109,7 +109,12 @@ func TestOpNumbers(t *testing.T) {
 			t.Errorf("%v is %d, was %d", op, uint16(op), want)
 		}
 	}
-	if got := OpConnectQP.String(); got != "ConnectQP" || !OpConnectQP.Valid() || OpConnectQP != 28 || Op(29).Valid() {
-		t.Errorf("op 28 is %q (%d), valid %v; op 29 valid %v", got, OpConnectQP, OpConnectQP.Valid(), Op(29).Valid())
+	for op, want := range map[Op]string{28: "ConnectQP", 29: "ReservePort", 30: "FreePort", 31: "ResolveRoute"} {
+		if !op.Valid() || op.String() != want {
+			t.Errorf("op %d is %q, valid %v; want %q", uint16(op), op, op.Valid(), want)
+		}
+	}
+	if OpResolveRoute != 31 || Op(32).Valid() {
+		t.Errorf("the last op is %d, and op 32 valid %v", uint16(OpResolveRoute), Op(32).Valid())
 	}
 }

@@ -42,6 +42,9 @@ const (
 	OpSocketConnect
 	OpRegisterProcessMemory
 	OpConnectQP
+	OpReservePort
+	OpFreePort
+	OpResolveRoute
 	opEnd
 )
 
@@ -49,7 +52,7 @@ var opNames = [...]string{"", "Hello", "QueryIA", "CreatePZ", "FreePZ", "Registe
 	"CreateEP", "ModifyEP", "QueryEP", "FreeEP", "Connect", "Disconnect", "ResetEP", "CreatePSP", "FreePSP", "CreateRSP",
 	"QueryCR", "AcceptCR", "RejectCR", "Stats",
 	"CreateSSP", "FreeSSP", "QuerySSP", "SocketConnect", "RegisterProcessMemory",
-	"ConnectQP"}
+	"ConnectQP", "ReservePort", "FreePort", "ResolveRoute"}
 
 func (o Op) String() string {
 	if o > 0 && o < opEnd {
@@ -315,6 +318,24 @@ type CreatePSP struct {
 	EVD        uint32
 	ProviderEP bool
 }
+
+// ReservePort holds a TCP port of the daemon's address for the session
+// until it listens there (CreatePSP on the port takes the reservation
+// over) or frees it (FreePort): the RDMA-CM's rdma_bind_addr. Port 0
+// picks a free one. A port another reservation holds, or that the host
+// cannot bind, is refused with InvalidState.
+type ReservePort struct{ Port uint16 }
+
+// ReservePortReply names the reservation and its port.
+type ReservePortReply struct {
+	Reservation uint32
+	Port        uint16
+}
+
+// ResolveRoute asks whether the daemon's host can reach Addr (an IP
+// address) from the daemon's address, by its own routing (the RDMA-CM's
+// address resolution): success, or InvalidAddress with the reason.
+type ResolveRoute struct{ Addr string }
 
 // CreateRSP listens on a port for one request, for one EP.
 type CreateRSP struct {

@@ -650,8 +650,27 @@ func (s *session) startPSP(p *psp, evd uint32, port uint16, what string) (any, [
 	if e == nil {
 		return nil, nil, fail(ctl.InvalidParameter, "%s needs a connection request EVD", what)
 	}
+	// A port this session reserved is the listener's now; one another
+	// holds is not to be had.
+	rh, r := s.reservationOf(port)
+	if port != 0 && s.srv.ports.heldByOther(port, r) {
+		return nil, nil, fail(ctl.InvalidState, "port %d is reserved", port)
+	}
+	if r != nil {
+		unix.Close(r.fd)
+		r.fd = -1
+	}
 	if p.ln, err = s.listen(port); err != nil {
+		if r != nil {
+			if fd, _, berr := bindTCP(s.srv.addr, port); berr == nil {
+				r.fd = fd // held again
+			}
+		}
 		return nil, nil, err
+	}
+	if r != nil {
+		s.forget(rh)
+		s.srv.ports.release(r)
 	}
 	p.evd = e
 	if p.h, err = s.add(p); err != nil {

@@ -126,6 +126,8 @@ type Server struct {
 	ln   *net.UnixListener
 	// cpus is IAAttr.DatapathCPUs.
 	cpus []byte
+	// ports are the ports sessions reserved (port.go).
+	ports portTable
 	// ib takes InfiniBand-style connections (ibconn.go); nil when off.
 	ib *ibListener
 	// watch finds stalled loops, trim gives memory back after a wave of

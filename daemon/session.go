@@ -248,6 +248,9 @@ var handlers = [...]handler{
 
 	ctl.OpRegisterProcessMemory: reply((*session).registerProcessMemory),
 	ctl.OpConnectQP:             reply((*session).connectQP),
+	ctl.OpReservePort:           reply((*session).reservePort),
+	ctl.OpFreePort:              onHandle((*session).freePort),
+	ctl.OpResolveRoute:          act((*session).resolveRoute),
 }
 
 // handle serves one request by its op's handler.
@@ -811,6 +814,8 @@ func (s *session) counts() map[string]int {
 			out["psp"]++
 		case *cr:
 			out["cr"]++
+		case *reservation:
+			out["port"]++
 		}
 	}
 	return out
@@ -894,8 +899,11 @@ func (s *session) close() {
 	var psps []*psp
 	var ssps []*ssp
 	var crs []*cr
-	for _, o := range s.objects {
+	for h, o := range s.objects {
 		switch o := o.(type) {
+		case *reservation:
+			s.forget(h)
+			s.srv.ports.release(o)
 		case *ssp:
 			ssps = append(ssps, o)
 		case *ep:

@@ -23,16 +23,23 @@ import (
 	"github.com/softrnic/softrnic/ctl"
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/testenv"
+	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/verbs/abi"
 	"golang.org/x/sys/unix"
 )
 
-// TestMain is also a kernel-datapath softrnicd on loopback, serving at
-// $SOFTRNIC_VERBS_TEST_DAEMON until SIGTERM: a daemon in a process of its
-// own, which a test can run with the CPUs it chooses (TestPollYield).
+// TestMain is also a kernel-datapath softrnicd on loopback (or on
+// $SOFTRNIC_VERBS_TEST_IFACE), serving at $SOFTRNIC_VERBS_TEST_DAEMON until
+// SIGTERM: a daemon in a process of its own, which a test can run with the
+// CPUs or in the network namespace it chooses (TestPollYield,
+// TestResolveInDaemonsNamespace).
 func TestMain(m *testing.M) {
 	if sock := os.Getenv("SOFTRNIC_VERBS_TEST_DAEMON"); sock != "" {
-		srv, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		iface := os.Getenv("SOFTRNIC_VERBS_TEST_IFACE")
+		if iface == "" {
+			iface = "lo"
+		}
+		srv, err := daemon.New(daemon.Options{Iface: iface, Socket: sock, Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
@@ -294,7 +301,9 @@ func TestCtlNumbers(t *testing.T) {
 	}
 	for name, want := range map[string]int{"CTL_MAGIC": ctl.Magic, "CTL_VERSION": ctl.Version, "CTL_HEADER": ctl.HeaderLen,
 		"CTL_MAX": ctl.MaxMessage, "OP_HELLO": int(ctl.OpHello), "STATUS_SUCCESS": int(ctl.Success),
-		"SRN_OP_CREATE_PZ": int(ctl.OpCreatePZ), "SRN_OP_FREE_PZ": int(ctl.OpFreePZ)} {
+		"SRN_OP_CREATE_PZ": int(ctl.OpCreatePZ), "SRN_OP_FREE_PZ": int(ctl.OpFreePZ), "SRN_OP_CONNECT_QP": int(ctl.OpConnectQP),
+		"SRN_OP_RESERVE_PORT": int(ctl.OpReservePort), "SRN_OP_FREE_PORT": int(ctl.OpFreePort),
+		"SRN_OP_RESOLVE_ROUTE": int(ctl.OpResolveRoute)} {
 		m := regexp.MustCompile(`\b` + name + `\s*=\s*([^,]+),`).FindSubmatch(src)
 		if m == nil {
 			t.Errorf("ctl.c has no %s", name)
@@ -610,6 +619,33 @@ func TestPollYield(t *testing.T) {
 	daemonProcess(t, sock, taskset, "-c", "0")
 	runOK(t, "pollyield", sock, "1", "none")
 	runOK(t, "pollyield", sock, "0", "some")
+}
+
+// rdma_bind_addr reserves the port with the daemon: a second bind of it is
+// EADDRINUSE while its id holds it, bound or listening, and it is free
+// again once the id is destroyed; port 0 draws distinct free ports
+// (testdata/portbind.c).
+func TestPortReservation(t *testing.T) {
+	runOK(t, "portbind", startDaemon(t), strconv.Itoa(freePort(t)))
+}
+
+// Address resolution asks the daemon's host, in the daemon's network
+// namespace, not the application's: with the daemon in a namespace of its
+// own (192.0.2.1/24, no default route) and the program outside it, the
+// daemon's neighbour resolves and an address beyond its subnet does not,
+// whatever routes the program's namespace has (testdata/resolve.c).
+func TestResolveInDaemonsNamespace(t *testing.T) {
+	testenv.RequireRoot(t)
+	pair, err := topology.New(topology.Options{Prefix: "srn-res"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pair.Close() })
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	t.Setenv("SOFTRNIC_VERBS_TEST_IFACE", pair.A.Link)
+	daemonProcess(t, sock, "ip", "netns", "exec", pair.A.Namespace)
+	runOK(t, "resolve", sock, pair.B.Addr.Addr().String(), "resolved")
+	runOK(t, "resolve", sock, "198.51.100.7", "error")
 }
 
 // TestIBConnect runs a C program that connects QPs the InfiniBand way

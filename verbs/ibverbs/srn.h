@@ -122,6 +122,9 @@ enum {
 	SRN_OP_REJECT_CR = 21,
 	SRN_OP_REGISTER_PROCESS_MEMORY = 27,
 	SRN_OP_CONNECT_QP = 28,
+	SRN_OP_RESERVE_PORT = 29,
+	SRN_OP_FREE_PORT = 30,
+	SRN_OP_RESOLVE_ROUTE = 31,
 };
 
 /* EVD flags (ctl.EVD*), LMR access (ctl.Access*), connection events

@@ -88,7 +88,7 @@ struct cm_id {
 	struct cm_channel *chan;
 	struct cm_id *next;
 	uint32_t psp; /* listening */
-	int reserve;  /* a TCP socket bound to the id's port until it listens, or -1 */
+	uint32_t reserve; /* the daemon's reservation of the id's port until it listens, or 0 */
 	uint32_t cr;  /* a connection request to accept or reject */
 	int events;   /* returned and not acknowledged */
 	int addr_resolved;
@@ -267,7 +267,7 @@ static struct cm_id *new_id(struct cm_channel *c, void *context, enum rdma_port_
 	i->id.port_num = 1;
 	i->id.qp_type = IBV_QPT_RC;
 	i->chan = c;
-	i->reserve = -1;
+	i->reserve = 0;
 	i->next = c->ids;
 	c->ids = i;
 	return i;
@@ -352,8 +352,8 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	pthread_mutex_unlock(&mu);
 	if (i->psp)
 		call_handle(SRN_OP_FREE_PSP, i->psp);
-	if (i->reserve >= 0)
-		close(i->reserve);
+	if (i->reserve)
+		call_handle(SRN_OP_FREE_PORT, i->reserve);
 	if (i->cr)
 		reject(i->cr, NULL, 0);
 	if (last)
@@ -391,31 +391,25 @@ EXPORT int rdma_bind_addr(struct rdma_cm_id *id, struct sockaddr *addr)
 		return fail(EADDRNOTAVAIL);
 	/*
 	 * The port is reserved at once, as the kernel's RDMA-CM does (qperf
-	 * binds port 0 and asks which it got before it listens): a TCP
-	 * socket of this process, in the daemon's network namespace, holds
-	 * it until rdma_listen hands it to the daemon's listener.
+	 * binds port 0 and asks which it got before it listens): by the
+	 * daemon, on its address in its network namespace, until
+	 * rdma_listen hands it to the daemon's listener. A port reserved or
+	 * listened on already is EADDRINUSE.
 	 */
 	struct cm_id *i = to_id(id);
-	if (i->reserve >= 0 || i->psp)
+	if (i->reserve || i->psp)
 		return fail(EINVAL); /* bound already */
-	int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (s < 0)
-		return -1;
-	/* Connections an earlier listener on the port accepted do not
-	 * hold it (as they do not hold the kernel RDMA-CM's); a listener
-	 * does. */
-	int one = 1;
-	setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	struct sockaddr_in any = a;
-	any.sin_addr.s_addr = htonl(INADDR_ANY);
-	socklen_t n = sizeof(any);
-	if (bind(s, (struct sockaddr *)&any, sizeof(any)) < 0 || getsockname(s, (struct sockaddr *)&any, &n) < 0) {
-		int e = errno;
-		close(s);
-		return fail(e);
-	}
-	a.sin_port = any.sin_port;
-	i->reserve = s;
+	struct srn_w w = {0};
+	srn_wn(&w, ntohs(a.sin_port), 2);
+	uint8_t r[6];
+	size_t got = 0;
+	int err = srn_call(&ctx()->sess, SRN_OP_RESERVE_PORT, w.b, w.n, r, sizeof(r), &got);
+	if (!err && got != sizeof(r))
+		err = EPROTO;
+	if (err)
+		return fail(err == EBUSY ? EADDRINUSE : err);
+	i->reserve = srn_get32(r);
+	a.sin_port = htons((uint16_t)(r[4] << 8 | r[5]));
 	memcpy(&id->route.addr.src_sin, &a, sizeof(a));
 	return 0;
 }
@@ -436,29 +430,29 @@ EXPORT int rdma_listen(struct rdma_cm_id *id, int backlog)
 	srn_wn(&w, 0, 1); /* the application makes the QP */
 	uint8_t r[4];
 	size_t got = 0;
-	if (i->reserve >= 0) {
-		close(i->reserve); /* the daemon's listener takes the port */
-		i->reserve = -1;
-	}
 	int err = srn_call(&ctx()->sess, SRN_OP_CREATE_PSP, w.b, w.n, r, sizeof(r), &got);
 	if (!err && got != sizeof(r))
 		err = EPROTO;
 	if (err)
-		return fail(err == EFAULT ? EADDRINUSE : err);
+		return fail(err == EBUSY ? EADDRINUSE : err); /* the daemon's INVALID_STATE: the port is taken */
+	i->reserve = 0; /* the daemon's listener took the reservation over */
 	i->psp = srn_get32(r);
 	return 0;
 }
 
-/* routable asks this host's routing whether dst can be reached, as the
- * kernel's address resolution does: 0 or an errno value. */
+/* routable asks the daemon's routing, in its network namespace, whether
+ * dst can be reached from its address, as the kernel's address
+ * resolution asks the host's: 0 or an errno value (ENETUNREACH when the
+ * daemon says no route). */
 static int routable(const struct sockaddr_in *dst)
 {
-	int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-	if (s < 0)
-		return errno;
-	int err = connect(s, (const struct sockaddr *)dst, sizeof(*dst)) < 0 ? errno : 0;
-	close(s);
-	return err;
+	char s[INET_ADDRSTRLEN];
+	if (!inet_ntop(AF_INET, &dst->sin_addr, s, sizeof(s)))
+		return EINVAL;
+	struct srn_w w = {0};
+	srn_wbytes(&w, s, strlen(s));
+	int err = srn_call(&ctx()->sess, SRN_OP_RESOLVE_ROUTE, w.b, w.n, NULL, 0, NULL);
+	return err == EFAULT ? ENETUNREACH : err; /* INVALID_ADDRESS: no route */
 }
 
 EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct sockaddr *dst, int timeout_ms)

@@ -1,0 +1,174 @@
+package daemon
+
+import (
+	"errors"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/softrnic/softrnic/ctl"
+)
+
+// reservation is a port a session holds (ctl.ReservePort): in the
+// daemon's table of reserved ports, and bound on the host by a TCP socket
+// of the daemon's, in the daemon's network namespace, so that the host's
+// own programs and its port 0 choices keep off it too.
+type reservation struct {
+	port uint16
+	fd   int // the bound socket, or -1 once given up
+}
+
+// portTable is the daemon's reserved ports, whichever session holds them.
+type portTable struct {
+	mu   sync.Mutex
+	held map[uint16]*reservation
+}
+
+// maxPortTries bounds the draws of port 0 that land on a port another
+// reservation holds.
+const maxPortTries = 16
+
+// reserve binds the port (0: one the host picks) and enters it in the
+// table.
+func (t *portTable) reserve(addr netip.Addr, port uint16) (*reservation, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.held == nil {
+		t.held = map[uint16]*reservation{}
+	}
+	for range maxPortTries {
+		if port != 0 && t.held[port] != nil {
+			return nil, fail(ctl.InvalidState, "port %d is reserved already", port)
+		}
+		fd, got, err := bindTCP(addr, port)
+		if err != nil {
+			if errors.Is(err, unix.EADDRINUSE) {
+				return nil, fail(ctl.InvalidState, "port %d: %v", port, err)
+			}
+			return nil, fail(ctl.InsufficientResources, "reserve port %d: %v", port, err)
+		}
+		if t.held[got] != nil { // port 0 drew a reserved one: again
+			unix.Close(fd)
+			continue
+		}
+		r := &reservation{port: got, fd: fd}
+		t.held[got] = r
+		return r, nil
+	}
+	return nil, fail(ctl.InsufficientResources, "no free port in %d draws", maxPortTries)
+}
+
+// release gives r up: its socket closed and its port out of the table.
+func (t *portTable) release(r *reservation) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r.fd >= 0 {
+		unix.Close(r.fd)
+		r.fd = -1
+	}
+	if t.held[r.port] == r {
+		delete(t.held, r.port)
+	}
+}
+
+// heldByOther says whether a reservation other than mine holds port.
+func (t *portTable) heldByOther(port uint16, mine *reservation) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r := t.held[port]
+	return r != nil && r != mine
+}
+
+// bindTCP binds a TCP socket to addr:port. SO_REUSEADDR lets it share the
+// port with connections an earlier listener accepted (they do not hold it
+// for the kernel's RDMA-CM either), never with a listener.
+func bindTCP(addr netip.Addr, port uint16) (int, uint16, error) {
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return -1, 0, err
+	}
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_REUSEADDR, 1); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	sa := &unix.SockaddrInet4{Port: int(port), Addr: addr.As4()}
+	if err := unix.Bind(fd, sa); err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	name, err := unix.Getsockname(fd)
+	if err != nil {
+		unix.Close(fd)
+		return -1, 0, err
+	}
+	return fd, uint16(name.(*unix.SockaddrInet4).Port), nil
+}
+
+func (s *session) reservePort(req *ctl.ReservePort) (any, []*os.File, error) {
+	if !s.srv.addr.Is4() {
+		return nil, nil, fail(ctl.ModelNotSupported, "ports of an IPv6 address")
+	}
+	r, err := s.srv.ports.reserve(s.srv.addr, req.Port)
+	if err != nil {
+		return nil, nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, err := s.add(r)
+	if err != nil {
+		s.srv.ports.release(r)
+		return nil, nil, err
+	}
+	return &ctl.ReservePortReply{Reservation: h, Port: r.port}, nil, nil
+}
+
+func (s *session) freePort(h uint32) error {
+	s.mu.Lock()
+	r, err := get[*reservation](s, h, "reservation")
+	if err == nil {
+		s.forget(h)
+	}
+	s.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	s.srv.ports.release(r)
+	return nil
+}
+
+// reservationOf is the session's reservation of port, or nil; s.mu held.
+func (s *session) reservationOf(port uint16) (uint32, *reservation) {
+	for h, o := range s.objects {
+		if r, ok := o.(*reservation); ok && r.port == port {
+			return h, r
+		}
+	}
+	return 0, nil
+}
+
+// resolveRoute asks the daemon's routing for a way from its address to
+// req.Addr: a UDP socket connected there, which sends nothing.
+func (s *session) resolveRoute(req *ctl.ResolveRoute) error {
+	dst, err := netip.ParseAddr(req.Addr)
+	if err != nil {
+		return fail(ctl.InvalidParameter, "address %q: %v", req.Addr, err)
+	}
+	if dst.Is4() != s.srv.addr.Is4() {
+		return fail(ctl.InvalidAddress, "%s is of another family than the daemon's %s", dst, s.srv.addr)
+	}
+	d := net.Dialer{LocalAddr: &net.UDPAddr{IP: s.srv.addr.AsSlice()}}
+	c, err := d.Dial("udp", netip.AddrPortFrom(dst, 9).String())
+	if err != nil {
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			return fail(ctl.InvalidAddress, "no route from %s to %s: %v", s.srv.addr, dst, errno)
+		}
+		return fail(ctl.InvalidAddress, "no route from %s to %s: %v", s.srv.addr, dst, err)
+	}
+	c.Close()
+	return nil
+}
