@@ -2,8 +2,11 @@ package qp
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/ddp"
 )
@@ -51,7 +54,24 @@ type MR struct {
 	// inflight counts work requests that reference the region and
 	// placements under way; deregistration fails while it is non-zero.
 	inflight atomic.Int32
+
+	// The shadow of a process-backed region gives its pages back once
+	// nothing holds the region and fetches since the last time spanned
+	// shadowTrimAt or more (trimShadow), so that the daemon does not
+	// keep a copy of all the data that ever went out. Fetches take
+	// shadowMu shared, the trim exclusive: a fetch by a new holder waits
+	// for the pages to go, and a trim never drops what a holder fetched.
+	shadowMu         sync.RWMutex
+	fetchLo, fetchHi atomic.Uint64 // offsets in Buf fetched since the last trim; hi 0: none
+	shadowBig        atomic.Bool   // fetchHi-fetchLo reached shadowTrimAt
 }
+
+// shadowTrimAt is how much of a shadow may have been fetched before the
+// last release of the region gives its pages back: little enough that
+// the daemon's memory stays near what is in flight, much enough that a
+// program that sends the same buffer again and again (a latency test)
+// never pays for it.
+const shadowTrimAt = 4 << 20
 
 // ProcessMemory is the memory of a process that regions stand for (MR.Proc),
 // by its virtual addresses: in the daemon package internal/procmem, which
@@ -113,7 +133,33 @@ func (m *MR) hold() bool {
 	return true
 }
 
-func (m *MR) release() { m.inflight.Add(-1) }
+func (m *MR) release() {
+	if m.inflight.Add(-1) == 0 && m.shadowBig.Load() {
+		m.trimShadow()
+	}
+}
+
+// trimShadow gives back the whole pages of the shadow that fetches filled,
+// unless a holder came meanwhile (it may use them).
+func (m *MR) trimShadow() {
+	m.shadowMu.Lock()
+	defer m.shadowMu.Unlock()
+	if m.inflight.Load() != 0 || !m.shadowBig.Load() {
+		return
+	}
+	page := uintptr(unix.Getpagesize())
+	base := uintptr(unsafe.Pointer(unsafe.SliceData(m.Buf)))
+	lo := (base + uintptr(m.fetchLo.Load()) + page - 1) &^ (page - 1)
+	hi := (base + uintptr(m.fetchHi.Load())) &^ (page - 1)
+	if hi > lo {
+		// Anonymous private memory reads as zeros again; nothing reads
+		// it before a fetch fills it.
+		_ = unix.Madvise(m.Buf[lo-base:hi-base], unix.MADV_DONTNEED)
+	}
+	m.fetchLo.Store(0)
+	m.fetchHi.Store(0)
+	m.shadowBig.Store(false)
+}
 
 // procAddr is the process address of b, a non-empty part of m.Buf (the
 // shadow of a process-backed region).
@@ -128,7 +174,30 @@ func (m *MR) fetch(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	return m.Proc.ReadAt(b, m.procAddr(b))
+	m.shadowMu.RLock()
+	defer m.shadowMu.RUnlock()
+	addr := m.procAddr(b)
+	lo := addr - m.Base
+	hi := lo + uint64(len(b))
+	for {
+		l, h := m.fetchLo.Load(), m.fetchHi.Load()
+		if h != 0 && l <= lo {
+			break
+		}
+		if m.fetchLo.CompareAndSwap(l, lo) {
+			break
+		}
+	}
+	for {
+		h := m.fetchHi.Load()
+		if h >= hi || m.fetchHi.CompareAndSwap(h, hi) {
+			break
+		}
+	}
+	if m.fetchHi.Load()-m.fetchLo.Load() >= shadowTrimAt {
+		m.shadowBig.Store(true)
+	}
+	return m.Proc.ReadAt(b, addr)
 }
 
 // store writes data to the process where at, a part of the shadow of a

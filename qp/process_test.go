@@ -483,3 +483,45 @@ func TestProcessDatapathAllocs(t *testing.T) {
 	mustEqual(t, "written", hostB[1:3001], hostA[:3000])
 	mustEqual(t, "sent", hostB[3500:3600], hostA[7:107])
 }
+
+// The shadow of a process-backed region does not keep the data that went
+// out: once 16 MiB were written from it and nothing holds it, its pages
+// are given back (mincore finds at most the two partial pages at its
+// ends), and the next Write from it still carries the process's octets.
+func TestProcessShadowTrimmed(t *testing.T) {
+	pm := procSelf(t)
+	a, b := newPair(t, pairOpts{crc: true, chunk: 65536})
+	const size = 16 << 20
+	host := make([]byte, size+1)
+	fill(host, 21)
+	src := a.mem.regProc(t, pdA, pm, host[1:], 0)
+	target := b.mem.reg(t, pdB, size, LocalWrite|RemoteWrite)
+	resident := func() int {
+		page := os.Getpagesize()
+		start := int(uintptr(unsafe.Pointer(&src.Buf[0]))) % page
+		whole := unsafe.Slice((*byte)(unsafe.Add(unsafe.Pointer(&src.Buf[0]), -start)), (start+len(src.Buf)+page-1)/page*page)
+		vec := make([]byte, len(whole)/page)
+		if _, _, e := unix.Syscall(unix.SYS_MINCORE, uintptr(unsafe.Pointer(&whole[0])), uintptr(len(whole)),
+			uintptr(unsafe.Pointer(&vec[0]))); e != 0 {
+			t.Fatal(e)
+		}
+		n := 0
+		for _, v := range vec {
+			n += int(v & 1)
+		}
+		return n
+	}
+	for round := range 2 {
+		must(t, a.q.PostSend(&SendWR{ID: 1, Op: OpWrite, Flags: Signaled, SGL: []SGE{{LKey: src.STag, Addr: src.Base, Length: size}},
+			RemoteSTag: target.STag, RemoteTO: target.Base}))
+		newLink(a, b, 65536).pump()
+		if sc := poll(a.scq); len(sc) != 1 || sc[0].Status != completion.Success {
+			t.Fatalf("round %d: completions %+v", round, sc)
+		}
+		mustEqual(t, "written", target.Buf, host[1:])
+		if n := resident(); n > 2 {
+			t.Fatalf("round %d: %d pages of the shadow resident after the Write, want at most 2", round, n)
+		}
+		fill(host, uint64(22+round))
+	}
+}
