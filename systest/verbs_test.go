@@ -108,6 +108,11 @@ func TestVerbsPrograms(t *testing.T) {
 	for _, name := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat", "rping", "qperf", "fio"} {
 		tools[name] = testenv.RequireTool(t, name)
 	}
+	// Debian's own binaries, unmodified: dpkg checks every file of the
+	// packages against their checksums.
+	if out, err := exec.Command("dpkg", "-V", "perftest", "rdmacm-utils", "qperf", "fio").CombinedOutput(); err != nil || len(out) > 0 {
+		t.Fatalf("the programs are not Debian's as installed: %v %s", err, out)
+	}
 	for _, dp := range []string{"kernel", "xdp"} {
 		t.Run(dp, func(t *testing.T) {
 			net := topology.NewTest(t, topology.Options{})

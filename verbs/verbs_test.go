@@ -633,7 +633,8 @@ func TestPortReservation(t *testing.T) {
 // namespace, not the application's: with the daemon in a namespace of its
 // own (192.0.2.1/24, no default route) and the program outside it, the
 // daemon's neighbour resolves and an address beyond its subnet does not,
-// whatever routes the program's namespace has (testdata/resolve.c).
+// whatever routes the program's namespace has; a connect to an address of
+// its subnet where no host answers is UNREACHABLE (testdata/resolve.c).
 func TestResolveInDaemonsNamespace(t *testing.T) {
 	testenv.RequireRoot(t)
 	pair, err := topology.New(topology.Options{Prefix: "srn-res"})
@@ -646,6 +647,8 @@ func TestResolveInDaemonsNamespace(t *testing.T) {
 	daemonProcess(t, sock, "ip", "netns", "exec", pair.A.Namespace)
 	runOK(t, "resolve", sock, pair.B.Addr.Addr().String(), "resolved")
 	runOK(t, "resolve", sock, "198.51.100.7", "error")
+	// nobody at .3: the daemon's host finds no neighbour there
+	runOK(t, "resolve", sock, "192.0.2.3", "unreachable")
 }
 
 // TestIBConnect runs a C program that connects QPs the InfiniBand way
