@@ -51,8 +51,9 @@ var (
 
 // Options for Open.
 type Options struct {
-	// Socket is the daemon's control socket, /run/softrnic/IFACE.sock by
-	// default for Iface.
+	// Socket is the daemon's control socket: by default
+	// /run/softrnic/IFACE.sock for Iface, and with neither the one
+	// socket in /run/softrnic (ctl.FindSocket).
 	Socket string
 	Iface  string
 	// Name identifies the application in the daemon's log.
@@ -89,11 +90,13 @@ type IA struct {
 // Open connects to the daemon.
 func Open(ctx context.Context, opts Options) (*IA, error) {
 	path := opts.Socket
-	if path == "" {
-		if opts.Iface == "" {
-			return nil, fmt.Errorf("open IA: no socket or interface given: %w", ErrInvalidParameter)
-		}
+	if path == "" && opts.Iface != "" {
 		path = ctl.DefaultSocket(opts.Iface)
+	} else if path == "" {
+		var err error
+		if path, err = ctl.FindSocket(); err != nil {
+			return nil, fmt.Errorf("open IA: %v: %w", err, ErrInvalidParameter)
+		}
 	}
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "unixpacket", path)

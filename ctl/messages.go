@@ -2,12 +2,39 @@ package ctl
 
 import (
 	"fmt"
+	"io/fs"
+	"os"
 	"path/filepath"
+	"strings"
 )
+
+// SocketDir is where daemons put their sockets by default.
+const SocketDir = "/run/softrnic"
 
 // DefaultSocket is where the daemon for iface listens by default, and where
 // clients look for it.
-func DefaultSocket(iface string) string { return filepath.Join("/run/softrnic", iface+".sock") }
+func DefaultSocket(iface string) string { return filepath.Join(SocketDir, iface+".sock") }
+
+// FindSocket is the socket of the one daemon in SocketDir, for a client
+// told neither a socket nor an interface (the libraries' rule too, in
+// verbs/ibverbs/ctl.c). None there, or several, is an error that says so:
+// which of several daemons is meant cannot be guessed.
+func FindSocket() (string, error) {
+	found, _ := filepath.Glob(filepath.Join(SocketDir, "*.sock"))
+	var socks []string
+	for _, f := range found {
+		if st, err := os.Stat(f); err == nil && st.Mode()&fs.ModeSocket != 0 {
+			socks = append(socks, f)
+		}
+	}
+	switch len(socks) {
+	case 1:
+		return socks[0], nil
+	case 0:
+		return "", fmt.Errorf("no softrnicd socket in %s: is the daemon running? (name its socket to choose another)", SocketDir)
+	}
+	return "", fmt.Errorf("%d softrnicd sockets in %s (%s): name the one to use", len(socks), SocketDir, strings.Join(socks, ", "))
+}
 
 // Op names a request (and its reply).
 type Op uint16

@@ -1,0 +1,64 @@
+package ctl
+
+import (
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/softrnic/softrnic/internal/testenv"
+)
+
+// FindSocket finds the one daemon socket in SocketDir, and says why when
+// there is none or several. Each case runs in a private mount namespace
+// where a directory of the test's is SocketDir (so, as root).
+func TestFindSocket(t *testing.T) {
+	if dir := os.Getenv("SOFTRNIC_FIND_SOCKET_CASE"); dir != "" {
+		p, err := FindSocket()
+		if err != nil {
+			os.Stdout.WriteString("error: " + err.Error())
+		} else {
+			os.Stdout.WriteString("found: " + p)
+		}
+		return
+	}
+	testenv.RequireRoot(t)
+	testenv.RequireTool(t, "unshare")
+	if err := os.MkdirAll(SocketDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	run := func() string {
+		cmd := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+			`mount --bind "$1" `+SocketDir+` && exec "$2" -test.run='^TestFindSocket$'`, "sh", dir, os.Args[0])
+		cmd.Env = append(os.Environ(), "SOFTRNIC_FIND_SOCKET_CASE="+dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("%v\n%s", err, out)
+		}
+		return string(out)
+	}
+	listen := func(name string) {
+		l, err := net.Listen("unixpacket", filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+	}
+	if out := run(); !strings.Contains(out, "error: no softrnicd socket in /run/softrnic") {
+		t.Errorf("none: %s", out)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "plain.sock"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	listen("veth0.sock")
+	if out := run(); !strings.Contains(out, "found: /run/softrnic/veth0.sock") {
+		t.Errorf("one, beside a file that is not a socket: %s", out)
+	}
+	listen("veth1.sock")
+	if out := run(); !strings.Contains(out, "error: 2 softrnicd sockets in /run/softrnic") {
+		t.Errorf("two: %s", out)
+	}
+}
