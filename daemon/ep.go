@@ -650,6 +650,9 @@ func (s *session) startPSP(p *psp, evd uint32, port uint16, what string) (any, [
 	if e == nil {
 		return nil, nil, fail(ctl.InvalidParameter, "%s needs a connection request EVD", what)
 	}
+	if err := s.mayBind(port); err != nil {
+		return nil, nil, err
+	}
 	// A port this session reserved is the listener's now; one another
 	// holds is not to be had.
 	rh, r := s.reservationOf(port)

@@ -2,9 +2,12 @@ package daemon
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -108,9 +111,53 @@ func bindTCP(addr netip.Addr, port uint16) (int, uint16, error) {
 	return fd, uint16(name.(*unix.SockaddrInet4).Port), nil
 }
 
+// mayBind refuses a privileged port (below the network namespace's
+// ip_unprivileged_port_start, 1024 unless set) to a client process that
+// could not bind it itself, as the kernel's RDMA-CM refuses it: the daemon
+// binds and listens as root, for whoever asks.
+func (s *session) mayBind(port uint16) error {
+	if port == 0 || uint32(port) >= unprivilegedPortStart() {
+		return nil
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cred.Pid))
+	if err == nil && hasCapability(string(status), unix.CAP_NET_BIND_SERVICE) {
+		return nil
+	}
+	return fail(ctl.ProtectionViolation, "port %d is privileged, and process %d may not bind it (CAP_NET_BIND_SERVICE)", port, s.cred.Pid)
+}
+
+// unprivilegedPortStart is the daemon's network namespace's
+// net.ipv4.ip_unprivileged_port_start.
+func unprivilegedPortStart() uint32 {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_unprivileged_port_start")
+	if err != nil {
+		return 1024
+	}
+	n, err := strconv.ParseUint(strings.TrimSpace(string(b)), 10, 32)
+	if err != nil {
+		return 1024
+	}
+	return uint32(n)
+}
+
+// hasCapability says whether the effective set of a /proc/PID/status text
+// (its CapEff line, hexadecimal) has capability c.
+func hasCapability(status string, c int) bool {
+	for line := range strings.Lines(status) {
+		if v, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			set, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && c < 64 && set&(1<<c) != 0
+		}
+	}
+	return false
+}
+
 func (s *session) reservePort(req *ctl.ReservePort) (any, []*os.File, error) {
 	if !s.srv.addr.Is4() {
 		return nil, nil, fail(ctl.ModelNotSupported, "ports of an IPv6 address")
+	}
+	if err := s.mayBind(req.Port); err != nil {
+		return nil, nil, err
 	}
 	r, err := s.srv.ports.reserve(s.srv.addr, req.Port)
 	if err != nil {

@@ -210,3 +210,22 @@ func TestSessionProcessMemoryNeverOfAReusedPID(t *testing.T) {
 		t.Fatalf("registering memory of PID %d, now another process's: %v, want INVALID_ADDRESS", pid, err)
 	}
 }
+
+// A privileged port is the client's only with CAP_NET_BIND_SERVICE in its
+// effective set, read off /proc/PID/status.
+func TestHasCapability(t *testing.T) {
+	for _, c := range []struct {
+		status string
+		want   bool
+	}{
+		{"Name:\tx\nCapInh:\t0000000000000000\nCapEff:\t000001ffffffffff\n", true}, // root
+		{"CapEff:\t0000000000000400\n", true},                                      // bit 10 alone
+		{"CapEff:\t0000000000000000\nCapBnd:\t000001ffffffffff\n", false},          // bounding set only
+		{"CapEff:\tnot hex\n", false},
+		{"Name:\tx\n", false},
+	} {
+		if got := hasCapability(c.status, unix.CAP_NET_BIND_SERVICE); got != c.want {
+			t.Errorf("%q: %v, want %v", c.status, got, c.want)
+		}
+	}
+}
