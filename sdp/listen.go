@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"sync"
@@ -13,10 +14,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/mpa"
 )
-
-// mpaRequestKey starts every MPA Request (RFC 5044 §7.1).
-var mpaRequestKey = []byte("MPA ID Req Frame")
 
 // ListenConfig configures a Listener.
 type ListenConfig struct {
@@ -167,11 +166,17 @@ func (l *Listener) classify(tc *net.TCPConn) net.Conn {
 	// client's ephemeral one.
 	local := tc.LocalAddr().(*net.TCPAddr).AddrPort()
 	remote := tc.RemoteAddr().(*net.TCPAddr).AddrPort()
-	if offloadOff() || !l.cfg.Policy.Offload(netip.AddrPortFrom(remote.Addr(), local.Port())) {
-		return tc
-	}
+	offload := !offloadOff() && l.cfg.Policy.Offload(netip.AddrPortFrom(remote.Addr(), local.Port()))
 	if !l.peekMPA(tc) {
 		return tc
+	}
+	if !offload {
+		// An SDP client this listener will not offload: its MPA
+		// Request is refused as MPA refuses one, so that it falls
+		// back to TCP at once; the application never sees its
+		// octets.
+		l.rejectMPA(tc)
+		return nil
 	}
 	c, err := l.serveSDP(tc)
 	if err != nil {
@@ -205,10 +210,10 @@ func (l *Listener) peekMPA(tc *net.TCPConn) bool {
 		if err != nil || rerr != nil || n <= 0 {
 			return false
 		}
-		if !bytes.Equal(buf[:n], mpaRequestKey[:n]) {
+		if !bytes.Equal(buf[:n], mpa.KeyRequest[:n]) {
 			return false
 		}
-		if n == len(mpaRequestKey) {
+		if n == mpa.KeyLen {
 			return true
 		}
 		// Part of the key: wait for the rest (the socket stays
@@ -216,6 +221,54 @@ func (l *Listener) peekMPA(tc *net.TCPConn) bool {
 		time.Sleep(time.Millisecond)
 	}
 	return false
+}
+
+// rejectMPA reads the MPA Request at the start of tc, answers it with a
+// Reply whose Reject bit is set (RFC 5044 §7.1.1: the responder's ULP
+// refused the connection), and closes tc. A Request that does not decode,
+// or not whole within HelloTimeout, is an invalid startup frame: tc is
+// closed without a Reply (RFC 5044 §7.1.2).
+func (l *Listener) rejectMPA(tc *net.TCPConn) {
+	defer tc.Close()
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-l.closed:
+			_ = tc.SetDeadline(time.Now())
+		case <-done:
+		}
+	}()
+	_ = tc.SetDeadline(time.Now().Add(l.cfg.HelloTimeout))
+	b := make([]byte, mpa.FrameHeaderLen, mpa.FrameHeaderLen+mpa.MaxPrivateData)
+	if _, err := io.ReadFull(tc, b); err != nil {
+		return
+	}
+	n, err := mpa.FrameLen(b)
+	if err != nil {
+		return
+	}
+	b = b[:n]
+	if _, err := io.ReadFull(tc, b[mpa.FrameHeaderLen:]); err != nil {
+		return
+	}
+	req, _, err := mpa.ParseFrame(b, false)
+	if err != nil {
+		return
+	}
+	var cfg mpa.Config
+	reply, err := cfg.Reject(&req)
+	if err != nil {
+		return
+	}
+	out, err := reply.Append(nil)
+	if err != nil {
+		return
+	}
+	// Every octet of the Request is read (its initiator sends nothing
+	// more before the Reply), so the close is a FIN behind the Reply,
+	// not a reset that could overtake it.
+	_, _ = tc.Write(out)
 }
 
 // serveSDP hands tc to the daemon as a Socket Service Point and answers

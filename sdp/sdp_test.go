@@ -16,6 +16,7 @@ import (
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/streamcheck"
+	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/sdp"
 )
 
@@ -305,5 +306,111 @@ func TestListenerPolicyByItsPort(t *testing.T) {
 	defer c2.Close()
 	if _, ok := c2.(*sdp.Conn); !ok {
 		t.Fatalf("accepted a %T, want *sdp.Conn", c2)
+	}
+}
+
+// A listener that will not offload a client (its policy, or
+// SOFTRNIC_SDP=off in its process) refuses the client's MPA Request with
+// a Reply whose Reject bit is set, so that an SDP dialer falls back to TCP
+// at once; the application accepts only the fallback connection, never
+// one that starts with MPA octets. A plain TCP client's octets reach the
+// application untouched.
+func TestListenerRefusesWhatItWillNotOffload(t *testing.T) {
+	sock := startDaemon(t)
+	tl, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deny := &sdp.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
+	ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sock, Policy: deny, DetectTimeout: 100 * time.Millisecond})
+	defer ln.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	firstOctets := func(what string, want string) {
+		t.Helper()
+		select {
+		case c := <-accepted:
+			defer c.Close()
+			if _, ok := c.(*net.TCPConn); !ok {
+				t.Fatalf("%s: accepted a %T", what, c)
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got := make([]byte, len(want))
+			if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
+				t.Fatalf("%s: the accepted connection starts %q (%v), want %q", what, got, err, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s: nothing accepted", what)
+		}
+	}
+
+	// An SDP dialer: refused, it falls back to TCP.
+	d := &sdp.Dialer{Socket: sock, HelloTimeout: 20 * time.Second}
+	start := time.Now()
+	c, err := d.DialContext(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Fatalf("dialed a %T, want the TCP fallback", c)
+	}
+	t.Logf("refused and fallen back in %v", time.Since(start))
+	if _, err := c.Write([]byte("fallback")); err != nil {
+		t.Fatal(err)
+	}
+	firstOctets("the SDP dialer", "fallback")
+
+	// A plain TCP client.
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	if _, err := raw.Write([]byte("GET / HTTP/1.0\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	firstOctets("a TCP client", "GET / HTTP/1.0\r\n")
+
+	// SOFTRNIC_SDP=off in the listener's process: an MPA Request gets
+	// a rejecting Reply.
+	t.Setenv(sdp.EnvOffload, "off")
+	for _, rev := range []uint8{1, 2} {
+		raw, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		cfg := mpa.Config{Revision: rev, IRD: 2, ORD: 2, PrivateData: make([]byte, sdp.HelloLen)}
+		req, err := cfg.Request()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := req.Append(nil)
+		if _, err := raw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+		got, err := io.ReadAll(raw)
+		if err != nil {
+			t.Fatalf("revision %d: reading the Reply: %v", rev, err)
+		}
+		reply, n, err := mpa.ParseFrame(got, true)
+		if err != nil || n != len(got) || !reply.Reject || reply.Revision != rev {
+			t.Fatalf("revision %d: got %q: %+v, %v; want a rejecting Reply, then the close", rev, got, reply, err)
+		}
+	}
+	select {
+	case c := <-accepted:
+		t.Fatalf("a refused MPA client was accepted as a %T", c)
+	default:
 	}
 }
