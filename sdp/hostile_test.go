@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"slices"
@@ -12,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
@@ -748,5 +751,81 @@ func TestZcopyRegionOnlyItsPeers(t *testing.T) {
 			t.Fatalf("another connection's peer read the Zcopy region: %q", p2.buf.Bytes[:64])
 		}
 		return
+	}
+}
+
+// kernelAcceptQueue is the length of a listening socket's accept queue in
+// the kernel (TCP_INFO's unacked, for a socket in LISTEN).
+func kernelAcceptQueue(t *testing.T, tl *net.TCPListener) int {
+	t.Helper()
+	rc, err := tl.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := rc.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
+		t.Fatal(err)
+	}
+	if ierr != nil {
+		t.Fatal(ierr)
+	}
+	return int(info.Unacked)
+}
+
+// A peer that opens more connections than the listener's backlog while
+// the application accepts none: the listener takes no more than the
+// backlog from the kernel (which holds the rest, as for a slow
+// application), and every one is accepted, its octets whole, once the
+// application accepts.
+func TestListenerBacklog(t *testing.T) {
+	sock := startDaemon(t)
+	tl, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sock, DetectTimeout: 50 * time.Millisecond})
+	defer ln.Close()
+	const extra = 6
+	n := sdp.DefaultBacklog + extra
+	for i := range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		if _, err := fmt.Fprintf(c, "client %4d", i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The listener takes its backlog and leaves the rest to the kernel.
+	deadline := time.Now().Add(20 * time.Second)
+	q := kernelAcceptQueue(t, tl)
+	for q != extra && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		q = kernelAcceptQueue(t, tl)
+	}
+	if q != extra {
+		t.Fatalf("%d connections in the kernel's accept queue, want the %d past the backlog of %d", q, extra, sdp.DefaultBacklog)
+	}
+	seen := map[string]bool{}
+	for range n {
+		c, err := acceptOne(ln, 20*time.Second)
+		if err != nil {
+			t.Fatalf("after %d accepted: %v", len(seen), err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		b := make([]byte, len("client 0000"))
+		if _, err := io.ReadFull(c, b); err != nil {
+			t.Fatalf("after %d accepted: %v", len(seen), err)
+		}
+		seen[string(b)] = true
+		c.Close()
+	}
+	if len(seen) != n {
+		t.Fatalf("%d different clients accepted, want %d", len(seen), n)
+	}
+	if q := kernelAcceptQueue(t, tl); q != 0 {
+		t.Fatalf("%d connections left in the kernel's accept queue", q)
 	}
 }

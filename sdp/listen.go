@@ -39,14 +39,28 @@ type ListenConfig struct {
 	ZcopyThreshold int
 	// PollFor is the SDP connections' PollFor, as Dialer's.
 	PollFor time.Duration
+	// Backlog bounds the connections taken from the kernel's accept
+	// queue and not yet returned by Accept, being classified or waiting
+	// (default DefaultBacklog). Past it the listener takes no more: the
+	// kernel's queue holds them, and drops handshakes once it is full,
+	// as for any listener whose application is slow to accept. So a
+	// peer that opens thousands of connections holds no more than
+	// Backlog of the listener's goroutines and classifications.
+	Backlog int
 }
+
+// DefaultBacklog is ListenConfig.Backlog's default.
+const DefaultBacklog = 128
 
 // Listener accepts SDP and TCP clients on one port, through one accept
 // queue (see the package comment).
 type Listener struct {
-	cfg    ListenConfig
-	tcp    *net.TCPListener
-	queue  chan net.Conn
+	cfg   ListenConfig
+	tcp   *net.TCPListener
+	queue chan net.Conn
+	// slots holds a token for each connection taken from the kernel
+	// and not yet returned by Accept (or closed): at most Backlog.
+	slots  chan struct{}
 	closed chan struct{}
 	once   sync.Once
 	wg     sync.WaitGroup
@@ -79,7 +93,11 @@ func (lc *ListenConfig) Listen(ctx context.Context, network, address string) (ne
 // (inherited from systemd, or made in another network namespace); the
 // Listener owns it from now on.
 func NewListener(tl *net.TCPListener, cfg ListenConfig) *Listener {
-	l := &Listener{cfg: cfg, tcp: tl, queue: make(chan net.Conn, 128), closed: make(chan struct{})}
+	if cfg.Backlog <= 0 {
+		cfg.Backlog = DefaultBacklog
+	}
+	l := &Listener{cfg: cfg, tcp: tl, queue: make(chan net.Conn, cfg.Backlog), slots: make(chan struct{}, cfg.Backlog),
+		closed: make(chan struct{})}
 	if l.cfg.DetectTimeout <= 0 {
 		l.cfg.DetectTimeout = 250 * time.Millisecond
 	}
@@ -99,6 +117,7 @@ func (l *Listener) Addr() net.Addr { return l.tcp.Addr() }
 func (l *Listener) Accept() (net.Conn, error) {
 	select {
 	case c := <-l.queue:
+		<-l.slots
 		return c, nil
 	case <-l.closed:
 		err := l.err
@@ -130,8 +149,14 @@ func (l *Listener) Close() error {
 func (l *Listener) acceptLoop() {
 	defer l.wg.Done()
 	for {
+		select {
+		case l.slots <- struct{}{}:
+		case <-l.closed:
+			return
+		}
 		tc, err := l.tcp.AcceptTCP()
 		if err != nil {
+			<-l.slots
 			var ne net.Error
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
@@ -147,12 +172,15 @@ func (l *Listener) acceptLoop() {
 			defer l.wg.Done()
 			c := l.classify(tc)
 			if c == nil {
+				<-l.slots
 				return
 			}
+			// The queue has room: its capacity is the slots'.
 			select {
 			case l.queue <- c:
 			case <-l.closed:
 				c.Close()
+				<-l.slots
 			}
 		}()
 	}
