@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -827,5 +828,65 @@ func TestListenerBacklog(t *testing.T) {
 	}
 	if q := kernelAcceptQueue(t, tl); q != 0 {
 		t.Fatalf("%d connections left in the kernel's accept queue", q)
+	}
+}
+
+// openFDs counts the process's open descriptors.
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(ents)
+}
+
+// A client that sends the start of an MPA Request and stalls is given up
+// after HelloTimeout: its connection is closed (it reads the end), and no
+// descriptor is left behind, the daemon's or the listener's.
+func TestStalledRequestLeavesNoDescriptor(t *testing.T) {
+	sock := startDaemon(t)
+	lc := sdp.ListenConfig{Socket: sock, DetectTimeout: 100 * time.Millisecond, HelloTimeout: 300 * time.Millisecond}
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	stall := func(n int) {
+		t.Helper()
+		var cs []net.Conn
+		for range n {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			// A whole Request header promising private data that
+			// never comes.
+			if _, err := c.Write(append([]byte("MPA ID Req Frame"), 0, 1, 0, 100)); err != nil {
+				t.Fatal(err)
+			}
+			cs = append(cs, c)
+		}
+		for i, c := range cs {
+			c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_, err := c.Read(make([]byte, 1))
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("stalled client %d: its connection is still open long after HelloTimeout", i)
+			}
+			c.Close()
+		}
+	}
+	stall(1) // the listener's session with the daemon, opened once
+	base := openFDs(t)
+	stall(10)
+	deadline := time.Now().Add(10 * time.Second)
+	n := openFDs(t)
+	for n > base && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		n = openFDs(t)
+	}
+	if n > base {
+		t.Fatalf("%d descriptors open after 10 stalled clients, %d before", n, base)
 	}
 }

@@ -335,7 +335,15 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer ssp.Free()
+	defer func() {
+		// An SSP freed before its request (the client sent part of one
+		// and stalled, or the listener closed) gives the socket back:
+		// it is closed here, or its descriptor and connection would
+		// stay open until a garbage collection.
+		if back, _ := ssp.Free(); back != nil {
+			back.Close()
+		}
+	}()
 	ev, err := crs.Wait(ctx)
 	if err == nil && ev.Type != client.ConnectionRequest {
 		err = fmt.Errorf("sdp: %v instead of the client's request", ev.Conn)
