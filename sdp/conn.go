@@ -147,17 +147,25 @@ type Conn struct {
 	peerAdvs, smAfter int
 	smOpen, smSent    bool
 	smMSeq            uint32
-	ctrl              []ctrlMsg
-	threshold         int
-	eof               bool // the peer's DisConn came (after the queued data)
-	gone              bool // the connection's DISCONNECTED event came
-	wrClosed, closed  bool
-	err               error // the connection is broken: reset, protocol error
-	rdDeadline        time.Time
-	wrDeadline        time.Time
-	linger            int // SetLinger's; -1 by default
-	pollFor           time.Duration
-	stats             Stats
+	// peerSinks counts the peer's SinkAvails since its last
+	// SinkAvailCancel: we write into none of them (Write Zcopy is not
+	// ours), so each stays outstanding until the peer cancels it; at
+	// most maxAdverts. recvBuffered: the peer, as a data source, told us
+	// (ModeChange) that our receiving half is in Buffered mode, and so
+	// sends no SrcAvail.
+	peerSinks        int
+	recvBuffered     bool
+	ctrl             []ctrlMsg
+	threshold        int
+	eof              bool // the peer's DisConn came (after the queued data)
+	gone             bool // the connection's DISCONNECTED event came
+	wrClosed, closed bool
+	err              error // the connection is broken: reset, protocol error
+	rdDeadline       time.Time
+	wrDeadline       time.Time
+	linger           int // SetLinger's; -1 by default
+	pollFor          time.Duration
+	stats            Stats
 }
 
 // Stats count what a connection did.
@@ -188,9 +196,19 @@ type rxMsg struct {
 // ctrlMsg is a message without data waiting for a credit.
 type ctrlMsg struct {
 	mid      MID
-	n        uint32 // RdmaRdCompl's length
+	n        uint32 // RdmaRdCompl's length, ChRcvBufAck's size
 	declined int    // the SrcAvails a SendSM declines
 }
+
+// Flow control modes of a ModeChange (Annex A4 as the first SDP
+// generation numbers them: bits 4-6 of its first octet; bit 7 set means
+// the receiver's sending half, clear its receiving half).
+const (
+	modeBuffered  = 0
+	modeCombined  = 1
+	modePipelined = 2
+	modeSendHalf  = 0x8
+)
 
 // newConn sets up what a connection needs before it connects: an EVD for
 // its completions and connection events, an EP, the buffers, registered,
@@ -628,6 +646,10 @@ func (c *Conn) received(idx, n int) {
 		if c.smOpen {
 			break // sent before the peer saw our SendSM: declined
 		}
+		if c.recvBuffered {
+			c.abort(fmt.Errorf("%w: a SrcAvail after the peer's ModeChange to Buffered", ErrMalformed))
+			return
+		}
 		if c.peerAdvs >= maxAdverts {
 			c.abort(fmt.Errorf("%w: a SrcAvail beyond the %d outstanding our MaxAdverts allows", ErrMalformed, maxAdverts))
 			return
@@ -673,13 +695,100 @@ func (c *Conn) received(idx, n int) {
 		}
 	case MIDSinkAvail:
 		// A sink's buffer for Write Zcopy may be ignored: the data
-		// comes by Bcopy or Read Zcopy.
+		// comes by Bcopy or Read Zcopy. It stays outstanding until
+		// the peer cancels it, and no more than MaxAdverts may be.
+		if c.peerSinks >= maxAdverts {
+			c.abort(fmt.Errorf("%w: a SinkAvail beyond the %d outstanding our MaxAdverts allows", ErrMalformed, maxAdverts))
+			return
+		}
+		c.peerSinks++
+	case MIDSinkAvailCancel:
+		// Annex A4: the source completes the SinkAvails it has begun
+		// to fill (RdmaWrCompl) and acknowledges the cancel of the
+		// rest with SinkCancelAck. We begin none, so every one is
+		// dropped unused, and the peer, which waits for the
+		// acknowledgement before it takes its buffers back, gets it
+		// whatever we counted.
+		if !c.owe(MIDSinkCancelAck, "SinkAvailCancel") {
+			return
+		}
+		c.peerSinks = 0
+	case MIDChRcvBuf:
+		// A request to change the size of our receive buffers: they
+		// are posted and the peer's credits count them, so we keep
+		// the size, and the acknowledgement says so (Annex A4 lets the
+		// receiver refuse; the first SDP generation did the same).
+		if !c.owe(MIDChRcvBufAck, "ChRcvBuf") {
+			return
+		}
+	case MIDModeChange:
+		if !c.modeChange(msg[BSDHLen]) {
+			return
+		}
 	default:
 		c.abort(fmt.Errorf("sdp: %v is not supported", h.MID))
 		return
 	}
 	c.repost(idx)
 	c.notify()
+}
+
+// owe queues the answer to a request of the peer's (SinkAvailCancel,
+// ChRcvBuf) and reports whether the connection goes on: a peer that asks
+// again before our answer to the first could go (it gives us no credit
+// for it) is reset, so that what waits for credits stays bounded (c.mu
+// held).
+func (c *Conn) owe(answer MID, req string) bool {
+	for _, m := range c.ctrl {
+		if m.mid == answer {
+			c.abort(fmt.Errorf("%w: a second %s before our %v to the first could go", ErrMalformed, req, answer))
+			return false
+		}
+	}
+	m := ctrlMsg{mid: answer}
+	if answer == MIDChRcvBufAck {
+		m.n = bufSize
+	}
+	c.ctrl = append(c.ctrl, m)
+	return true
+}
+
+// modeChange takes the peer's ModeChange, whose first octet is mch, and
+// reports whether the connection goes on (c.mu held). Annex A4's modes
+// are per direction: Buffered (Bcopy only), Combined (one SrcAvail
+// outstanding, carrying data), Pipelined (up to MaxAdverts SrcAvails).
+// A data source changes its peer's receiving half, a data sink its
+// peer's sending half, and a change to the mode already in force is a
+// protocol error (as the first SDP generation reads the annex). Our
+// receiving half starts Pipelined, as ib_sdp's does (SrcAvails without
+// data, MaxAdverts outstanding), and takes a source's change to Buffered
+// (with none of its SrcAvails outstanding) and back; Combined we do not
+// speak, and our sending half is always Pipelined: any other change
+// resets the connection.
+func (c *Conn) modeChange(mch byte) bool {
+	mode := mch >> 4
+	cur := byte(modePipelined)
+	if c.recvBuffered {
+		cur = modeBuffered
+	}
+	var err error
+	switch {
+	case mode&modeSendHalf != 0:
+		err = fmt.Errorf("sdp: ModeChange of our sending half to mode %d: it is Pipelined, and stays so", mode&^modeSendHalf)
+	case mode == cur:
+		err = fmt.Errorf("%w: ModeChange to the mode in force (%d)", ErrMalformed, mode)
+	case mode == modeBuffered && c.peerAdvs > 0:
+		err = fmt.Errorf("%w: ModeChange to Buffered with %d SrcAvails outstanding", ErrMalformed, c.peerAdvs)
+	case mode == modeBuffered, mode == modePipelined:
+		c.recvBuffered = mode == modeBuffered
+		return true
+	case mode == modeCombined:
+		err = errors.New("sdp: ModeChange to Combined, which we do not speak")
+	default:
+		err = fmt.Errorf("%w: ModeChange to mode %d", ErrMalformed, mode)
+	}
+	c.abort(err)
+	return false
 }
 
 // The sink region is a ring: RDMA Reads fill it at its tail, in the order
@@ -777,7 +886,8 @@ func (c *Conn) pump() {
 	for len(c.ctrl) > 0 && c.err == nil && c.credits() >= 1 && len(c.free) > 0 {
 		m := c.ctrl[0]
 		var p []byte
-		if m.mid == MIDRdmaRdCompl {
+		switch m.mid {
+		case MIDRdmaRdCompl, MIDChRcvBufAck:
 			p = binary.BigEndian.AppendUint32(nil, m.n)
 		}
 		mseq := c.nextMSeq

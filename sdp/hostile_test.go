@@ -890,3 +890,145 @@ func TestStalledRequestLeavesNoDescriptor(t *testing.T) {
 		t.Fatalf("%d descriptors open after 10 stalled clients, %d before", n, base)
 	}
 }
+
+// nextControl is the raw peer's next message that is not a credit update.
+func (p *rawPeer) nextControl(t *testing.T) (sdp.BSDH, []byte) {
+	t.Helper()
+	for {
+		h, m := p.recv(t)
+		if h.MID == sdp.MIDData && h.Len == sdp.BSDHLen {
+			continue
+		}
+		return h, m
+	}
+}
+
+func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
+
+// sinkAvail is a SinkAvail's extra header for a buffer of n octets.
+func sinkAvail(n uint32) []byte { return append(be32(n), make([]byte, 16)...) }
+
+// A peer's SinkAvailCancel is answered with SinkCancelAck (with a
+// SinkAvail of its outstanding, and without), its ChRcvBuf with a
+// ChRcvBufAck of the size we keep, and its ModeChanges of our receiving
+// half to Buffered and back to Pipelined are taken: the connection goes
+// on, a SrcAvail after them is read, and data flows.
+func TestPeerRequestsAnswered(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	mseq := uint32(1)
+	send := func(mid sdp.MID, data []byte) {
+		t.Helper()
+		p.send(t, msg(mid, mseq, data))
+		mseq++
+	}
+	expect := func(mid sdp.MID) []byte {
+		t.Helper()
+		h, m := p.nextControl(t)
+		if h.MID != mid {
+			t.Fatalf("the peer got %v, want %v", h.MID, mid)
+		}
+		return m
+	}
+	send(sdp.MIDSinkAvail, sinkAvail(1<<16))
+	send(sdp.MIDSinkAvailCancel, nil)
+	expect(sdp.MIDSinkCancelAck)
+	send(sdp.MIDSinkAvailCancel, nil)
+	expect(sdp.MIDSinkCancelAck)
+	send(sdp.MIDChRcvBuf, be32(8192))
+	if m := expect(sdp.MIDChRcvBufAck); sdp.ParseLen(m) != 1<<16 {
+		t.Fatalf("ChRcvBufAck of %d octets, want the 65536 we keep", sdp.ParseLen(m))
+	}
+	send(sdp.MIDModeChange, []byte{0x00, 0, 0, 0}) // our receiving half Buffered
+	send(sdp.MIDData, []byte("buffered "))
+	send(sdp.MIDModeChange, []byte{0x20, 0, 0, 0}) // and Pipelined again
+	src := newSource(t, p, 1000, 2)
+	p.send(t, src.avail(mseq, 1000))
+	mseq++
+	send(sdp.MIDData, []byte(" still up"))
+	want := append(append([]byte("buffered "), pattern(1000, 2)...), " still up"...)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %q, %v", got, err)
+	}
+	if m := expect(sdp.MIDRdmaRdCompl); sdp.ParseLen(m) != 1000 {
+		t.Fatalf("RdmaRdCompl of %d", sdp.ParseLen(m))
+	}
+}
+
+// The ModeChanges we cannot follow, a SrcAvail where the peer's own
+// ModeChange said it would send none, and more SinkAvails outstanding
+// than our MaxAdverts reset the connection, after the data that came
+// before.
+func TestPeerModeChangesWeCannotFollow(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	cases := map[string][][]byte{
+		"receiving half Combined": {{0x10, 0, 0, 0}},
+		"the mode in force":       {{0x20, 0, 0, 0}},
+		"sending half Buffered":   {{0x80, 0, 0, 0}},
+		"sending half Combined":   {{0x90, 0, 0, 0}},
+		"an undefined mode":       {{0x30, 0, 0, 0}},
+		"SrcAvail after Buffered": {{0x00, 0, 0, 0}, nil},
+		"SinkAvails past the max": nil,
+	}
+	for name, mchs := range cases {
+		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
+			p, c := rawClient(t, sock, ln)
+			defer c.Close()
+			p.send(t, msg(sdp.MIDData, 1, []byte("good")))
+			mseq := uint32(2)
+			if mchs == nil {
+				for range sdp.MaxAdverts + 1 {
+					p.send(t, msg(sdp.MIDSinkAvail, mseq, sinkAvail(1<<16)))
+					mseq++
+				}
+			}
+			src := newSource(t, p, 1000, 1)
+			for _, mch := range mchs {
+				if mch == nil {
+					p.send(t, src.avail(mseq, 1000))
+				} else {
+					p.send(t, msg(sdp.MIDModeChange, mseq, mch))
+				}
+				mseq++
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			if string(got) != "good" {
+				t.Errorf("read %q before the error, want %q", got, "good")
+			}
+			if !errors.Is(err, syscall.ECONNRESET) {
+				t.Errorf("read error %v, want a reset", err)
+			}
+		})
+	}
+}
+
+// A peer that repeats a request while it gives no credit for our answer
+// to the first is reset rather than queue answer after answer.
+func TestPeerRepeatsRequestsWithoutCredits(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	for _, req := range []struct {
+		mid  sdp.MID
+		data []byte
+	}{{sdp.MIDSinkAvailCancel, nil}, {sdp.MIDChRcvBuf, be32(8192)}} {
+		t.Run(req.mid.String(), func(t *testing.T) {
+			p, c := rawClient(t, sock, ln)
+			defer c.Close()
+			for mseq := uint32(1); mseq <= 2; mseq++ {
+				b := msg(req.mid, mseq, req.data)
+				binary.BigEndian.PutUint16(b[2:], 0) // Bufs 0: no credit
+				p.send(t, b)
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
+				t.Fatalf("read error %v, want a reset", err)
+			}
+		})
+	}
+}
