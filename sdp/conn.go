@@ -609,6 +609,18 @@ func (c *Conn) received(idx, n int) {
 	if err == nil && h.MSeq != c.lastRecv+1 {
 		err = fmt.Errorf("%w: MSeq %d after %d", ErrMalformed, h.MSeq, c.lastRecv)
 	}
+	if sent := c.nextMSeq - 1; err == nil && int32(h.MSeqAck-sent) > 0 {
+		// An acknowledgement of a message we never sent: taken, it
+		// would give credits for receives the peer never posted.
+		err = fmt.Errorf("%w: MSeqAck %d, our last MSeq %d", ErrMalformed, h.MSeqAck, sent)
+	}
+	if err == nil && c.eof && (h.MID == MIDData && n > BSDHLen || h.MID == MIDSrcAvail || h.MID == MIDDisConn) {
+		// The DisConn came after the peer's last octet (Annex A4's
+		// graceful close; TCP's FIN): what it sends after it may be
+		// credits and answers, no data. The data is dropped and the
+		// peer reset; Reads see the EOF the DisConn gave.
+		err = fmt.Errorf("%w: %v after the peer's DisConn", ErrMalformed, h.MID)
+	}
 	if err != nil {
 		c.abort(err)
 		return

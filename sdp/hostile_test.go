@@ -157,7 +157,14 @@ func TestListenerRefusesBadHellos(t *testing.T) {
 	binary.BigEndian.PutUint32(zero[sdp.BSDHLen+8:], 0) // LocalRcvSz
 	notHello := hello()
 	notHello[0] = byte(sdp.MIDData)
-	for name, pd := range map[string][]byte{"none": nil, "short": short, "no buffers": zero, "not a Hello": notHello} {
+	gen1 := hello()
+	gen1[sdp.BSDHLen] = 0x11 // the first generation's version
+	ip5 := hello()
+	ip5[sdp.BSDHLen+1] = 0x50
+	ip6 := hello()
+	ip6[sdp.BSDHLen+1] = 0x60 // from an IPv4 address
+	for name, pd := range map[string][]byte{"none": nil, "short": short, "no buffers": zero, "not a Hello": notHello,
+		"version 1.1": gen1, "IP version 5": ip5, "IP version 6 from IPv4": ip6} {
 		p := newRawPeer(t, sock)
 		if ev := p.connect(t, ln.Addr().String(), pd); ev == client.Established {
 			t.Errorf("%s: a request with that private data was accepted", name)
@@ -185,6 +192,11 @@ func TestPeerBreaksTheProtocol(t *testing.T) {
 		"unknown identifier": msg(0x42, 2, nil),
 		"shorter than BSDH":  []byte("tiny"),
 		"SrcAvail":           append(msg(sdp.MIDSrcAvail, 2, make([]byte, 16)), 0),
+		"MSeqAck from the future": func() []byte {
+			b := msg(sdp.MIDData, 2, nil)
+			binary.BigEndian.PutUint32(b[12:], 100) // we sent none
+			return b
+		}(),
 	}
 	for name, bad := range cases {
 		t.Run(strings.ReplaceAll(name, " ", "_"), func(t *testing.T) {
@@ -1028,6 +1040,38 @@ func TestPeerRepeatsRequestsWithoutCredits(t *testing.T) {
 			c.SetReadDeadline(time.Now().Add(10 * time.Second))
 			if _, err := io.ReadAll(c); !errors.Is(err, syscall.ECONNRESET) {
 				t.Fatalf("read error %v, want a reset", err)
+			}
+		})
+	}
+}
+
+// Data after the peer's DisConn, a SrcAvail or a second DisConn is a
+// protocol error: the peer is reset, Reads see the data before the
+// DisConn and its EOF, never what came after; credits after it are no
+// error.
+func TestDataAfterDisConn(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	src := func(p *rawPeer) []byte { return newSource(t, p, 1000, 1).avail(4, 1000) }
+	for name, after := range map[string]func(*rawPeer) []byte{
+		"Data":     func(*rawPeer) []byte { return msg(sdp.MIDData, 4, []byte("after")) },
+		"SrcAvail": src,
+		"DisConn":  func(*rawPeer) []byte { return msg(sdp.MIDDisConn, 4, nil) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p, c := rawClient(t, sock, ln)
+			defer c.Close()
+			p.send(t, msg(sdp.MIDData, 1, []byte("good")))
+			p.send(t, msg(sdp.MIDDisConn, 2, nil))
+			p.send(t, msg(sdp.MIDData, 3, nil)) // credits: no error
+			p.send(t, after(p))
+			if h, _ := p.nextControl(t); h.MID != sdp.MIDAbortConn {
+				t.Fatalf("the peer got %v, want AbortConn", h.MID)
+			}
+			c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := io.ReadAll(c)
+			if string(got) != "good" || err != nil {
+				t.Fatalf("read %q, %v; want %q and EOF", got, err, "good")
 			}
 		})
 	}

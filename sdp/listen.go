@@ -359,6 +359,18 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	if err == nil && hello.LocalRcvSz <= BSDHLen {
 		err = fmt.Errorf("%w: Hello offers buffers of %d octets", ErrMalformed, hello.LocalRcvSz)
 	}
+	if err == nil && hello.Version>>4 != Version>>4 {
+		// Another major version is another protocol (the first
+		// generation's 1.1 sends data in its SrcAvails).
+		err = fmt.Errorf("%w: Hello of version %#02x, we speak %#02x", ErrMalformed, hello.Version, Version)
+	}
+	if err == nil {
+		// The IP version says how to read the Hello's addresses: it
+		// is the connection's own.
+		if ra, perr := netip.ParseAddrPort(info.RemoteAddr); perr != nil || hello.IPVersion != ipVersion(ra.Addr()) {
+			err = fmt.Errorf("%w: Hello of IP version %d from %s", ErrMalformed, hello.IPVersion, info.RemoteAddr)
+		}
+	}
 	if err != nil {
 		_ = ev.CR.Reject(nil)
 		return nil, err
