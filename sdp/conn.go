@@ -895,7 +895,7 @@ func (c *Conn) takeZero(b []byte) int {
 // pump sends what waited for a credit or a send buffer: messages without
 // data, then a declined SrcAvail's data by Bcopy (c.mu held).
 func (c *Conn) pump() {
-	for len(c.ctrl) > 0 && c.err == nil && c.credits() >= 1 && len(c.free) > 0 {
+	for len(c.ctrl) > 0 && c.err == nil && c.mayAnswer() && len(c.free) > 0 {
 		m := c.ctrl[0]
 		var p []byte
 		switch m.mid {
@@ -1005,12 +1005,27 @@ func (c *Conn) repost(idx int) {
 		return
 	}
 	c.posted++
-	given := int(int32(c.advAck-c.lastRecv)) + c.advBufs
-	if given < recvBufs/2 && c.posted > given && c.credits() >= 1 && len(c.free) > 0 {
+	if given := c.given(); given < recvBufs/2 && c.posted > given && c.credits() >= 1 && len(c.free) > 0 {
 		if c.sendControl(MIDData) == nil {
 			c.stats.CreditUpdatesSent++
 		}
 	}
+}
+
+// given is the credits the peer has to us, as our latest message told it
+// (c.mu held). A message sent now gives it more if c.posted is more.
+func (c *Conn) given() int { return int(int32(c.advAck-c.lastRecv)) + c.advBufs }
+
+// mayAnswer reports whether a message without data that answers the peer
+// (RdmaRdCompl, SendSM, SinkCancelAck, ChRcvBufAck) may go now (c.mu
+// held). Annex A4 CA4-82: with one credit left, only a message that gives
+// credits and carries no data may be sent; otherwise both ends could
+// spend their last credits on answers and neither could ever send the
+// other a credit again. An answer that gives credits (receives posted
+// since our last message) is such a message.
+func (c *Conn) mayAnswer() bool {
+	cr := c.credits()
+	return cr >= 2 || cr == 1 && c.posted > c.given()
 }
 
 // sendControl sends a message without data (c.mu held; a free buffer

@@ -31,7 +31,8 @@
 // = MSeqAck − next MSeq + 1 + Bufs, from the peer's latest message. Two
 // credits are kept for messages that carry no data, and the last one only
 // for a message that gives credits and carries none (Annex A4 CA4-82): a
-// zero-length Data message, the credit update.
+// zero-length Data message, the credit update, or an answer (RdmaRdCompl,
+// SendSM, …) that advertises receives posted since our last message.
 //
 // # Accepting SDP and TCP on one port
 //

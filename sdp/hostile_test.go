@@ -1076,3 +1076,111 @@ func TestDataAfterDisConn(t *testing.T) {
 		})
 	}
 }
+
+// recvWithin is recv that gives up after d (ok false).
+func (p *rawPeer) recvWithin(t *testing.T, d time.Duration) (sdp.BSDH, []byte, bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for {
+		ev, _, err := p.evd.WaitTimeout(max(time.Until(end), 0), 1)
+		if errors.Is(err, client.ErrTimeout) {
+			return sdp.BSDH{}, nil, false
+		}
+		if err != nil {
+			t.Fatalf("raw peer: %v", err)
+		}
+		if ev.Type == client.DTOCompletion && ev.Opcode == completion.OpRecv {
+			if ev.Status != completion.Success {
+				t.Fatalf("raw peer's receive: %v", ev.Status)
+			}
+			m := append([]byte(nil), p.buf.Bytes[ev.Cookie<<16:ev.Cookie<<16+uint64(ev.Length)]...)
+			p.ep.PostRecv(ev.Cookie, []client.Segment{{LMR: p.lmr, Offset: ev.Cookie << 16, Length: 1 << 16}})
+			h, err := sdp.ParseBSDH(m)
+			if err != nil {
+				t.Fatalf("raw peer received: %v", err)
+			}
+			return h, m, true
+		}
+		if ev.Type == client.ConnectionEvent {
+			t.Fatalf("raw peer: %v", ev.Conn)
+		}
+	}
+}
+
+// The last credit goes only to a message that gives credits and carries
+// no data (Annex A4 CA4-82): an RdmaRdCompl owed when one credit is left
+// and every receive posted is already advertised waits for the peer's
+// credits. The peer here checks every message it gets: one sent on its
+// last credit must grant more than the message before it.
+func TestLastCreditOnlyGivesCredits(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	// More messages than the raw peer's ring of send buffers: each
+	// from a place of its own. Each with MSeqAck 0 grants 2 credits
+	// (Bufs 2: 0 − 1 + 1 + 2, nothing of ours received).
+	sb, err := p.ia.Alloc(1 << 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slmr, err := p.pz.RegisterLMR(sb, client.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mseq := uint32(1)
+	send := func(b []byte) {
+		t.Helper()
+		if binary.BigEndian.Uint32(b[12:]) == 0 {
+			binary.BigEndian.PutUint16(b[2:], 2)
+		}
+		off := uint64(mseq) * 256
+		copy(sb.Bytes[off:], b)
+		if err := p.ep.PostSend(99, []client.Segment{{LMR: slmr, Offset: off, Length: uint32(len(b))}}, 0); err != nil {
+			t.Fatal(err)
+		}
+		mseq++
+	}
+	// Nine Data messages the application does not read hold nine of
+	// its receives; a SrcAvail then frees its own, which makes the
+	// connection send a credit update (a credit of the two), and the
+	// RdmaRdCompl is owed with one left, nothing more to give.
+	for range 9 {
+		send(msg(sdp.MIDData, mseq, []byte("x")))
+	}
+	src := newSource(t, p, 1000, 1)
+	send(src.avail(mseq, 1000))
+	// The credits a message of ours grants the peer, whose next MSeq is
+	// mseq.
+	grant := func(h sdp.BSDH) int { return int(int32(h.MSeqAck-mseq)) + 1 + int(h.Bufs) }
+	lastGrant := -1
+	check := func(h sdp.BSDH) {
+		t.Helper()
+		// Our credits before it: the peer granted 2 as of MSeqAck 0.
+		credits := int(int32(0-h.MSeq)) + 1 + 2
+		if credits == 1 && grant(h) <= lastGrant {
+			t.Fatalf("%v (MSeq %d) took the last credit and gave none (grant %d, before %d)", h.MID, h.MSeq, grant(h), lastGrant)
+		}
+		if credits < 1 {
+			t.Fatalf("%v (MSeq %d) sent without a credit", h.MID, h.MSeq)
+		}
+		lastGrant = grant(h)
+	}
+	h, _ := p.recv(t)
+	check(h)
+	if h.MID != sdp.MIDData || h.Len != sdp.BSDHLen {
+		t.Fatalf("got %v of %d octets, want a credit update", h.MID, h.Len)
+	}
+	if h, _, ok := p.recvWithin(t, time.Second); ok {
+		check(h) // the old code sent its RdmaRdCompl here
+		t.Fatalf("got %v on the last credit", h.MID)
+	}
+	// Credits (16, as of the credit update): the RdmaRdCompl goes.
+	b := msg(sdp.MIDData, mseq, nil)
+	binary.BigEndian.PutUint32(b[12:], h.MSeq)
+	send(b)
+	h, m := p.nextControl(t)
+	if h.MID != sdp.MIDRdmaRdCompl || sdp.ParseLen(m) != 1000 {
+		t.Fatalf("after the credits: %v", h.MID)
+	}
+}
