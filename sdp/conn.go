@@ -1175,16 +1175,20 @@ const lingerTimeout = 10 * time.Second
 
 // CloseWrite sends a DisConn after the data written: the peer reads EOF,
 // and may go on writing (a TCP half-close). It waits for a credit, at most
-// until the write deadline.
+// until the write deadline, as it is while it waits (SetWriteDeadline
+// moves it, as it moves a waiting Write's), or lingerTimeout without one.
 func (c *Conn) CloseWrite() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
 		return c.opErr("close", net.ErrClosed)
 	}
-	deadline := c.wrDeadline
-	if deadline.IsZero() {
-		deadline = time.Now().Add(lingerTimeout)
+	linger := time.Now().Add(lingerTimeout)
+	deadline := func() time.Time {
+		if c.wrDeadline.IsZero() {
+			return linger
+		}
+		return c.wrDeadline
 	}
 	if err := c.disconnect(deadline); err != nil {
 		return c.opErr("close", err)
@@ -1192,18 +1196,20 @@ func (c *Conn) CloseWrite() error {
 	return nil
 }
 
-// disconnect sends the DisConn once (c.mu held). It takes two credits: the
-// last one is only for a message that gives credits (CA4-82).
-func (c *Conn) disconnect(deadline time.Time) error {
+// disconnect sends the DisConn once, waiting at most until deadline()
+// (c.mu held; deadline is read again after every wait). It takes two
+// credits: the last one is only for a message that gives credits (CA4-82).
+func (c *Conn) disconnect(deadline func() time.Time) error {
 	if c.wrClosed {
 		return nil
 	}
 	// After every octet written: the source region's too.
 	for c.err == nil && (c.credits() < 2 || len(c.free) == 0 || c.advertised()+c.zPend > 0) {
-		if pastDeadline(deadline) {
+		d := deadline()
+		if pastDeadline(d) {
 			return os.ErrDeadlineExceeded
 		}
-		c.wait(deadline, false)
+		c.wait(d, false)
 	}
 	if c.err != nil {
 		return c.err
@@ -1298,7 +1304,7 @@ func (c *Conn) Close() error {
 // go, gracefully if that was done by the deadline, abortively otherwise.
 func (c *Conn) finish(deadline time.Time) {
 	c.mu.Lock()
-	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(deadline) == nil
+	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(func() time.Time { return deadline }) == nil
 	for graceful && c.err == nil && (c.sendsOut > 0 || c.advertised()+c.zPend > 0) {
 		if pastDeadline(deadline) {
 			graceful = false

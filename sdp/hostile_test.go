@@ -1184,3 +1184,29 @@ func TestLastCreditOnlyGivesCredits(t *testing.T) {
 		t.Fatalf("after the credits: %v", h.MID)
 	}
 }
+
+// CloseWrite waiting for a credit honours a write deadline set while it
+// waits, as a waiting Write does.
+func TestCloseWriteTakesALaterDeadline(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	b := msg(sdp.MIDData, 1, nil)
+	binary.BigEndian.PutUint16(b[2:], 0) // Bufs 0: no credit at all
+	p.send(t, b)
+	time.Sleep(100 * time.Millisecond) // let it arrive
+	c.SetWriteDeadline(time.Now().Add(time.Hour))
+	errc := make(chan error, 1)
+	go func() { errc <- c.(*sdp.Conn).CloseWrite() }()
+	time.Sleep(200 * time.Millisecond)
+	c.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
+	select {
+	case err := <-errc:
+		if !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("CloseWrite: %v, want the deadline's error", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("CloseWrite still waits for the hour-long deadline it started with")
+	}
+}
