@@ -51,29 +51,73 @@ type transport struct {
 	ia *client.IA
 }
 
-var transports struct {
-	mu sync.Mutex
-	m  map[string]*transport
+// transportOpen is the session with one daemon, opened once however many
+// Dials and listeners ask for it at the same time: done is closed once
+// the open has ended, t or err written before.
+type transportOpen struct {
+	done chan struct{}
+	t    *transport
+	err  error
 }
 
+var transports struct {
+	// mu guards m. It is never held across a call to a daemon, so that
+	// a slow or stuck daemon delays only the Dials that use it.
+	mu sync.Mutex
+	m  map[string]*transportOpen
+}
+
+// openTimeout bounds the connect of a session's open (the daemon's
+// answer to Hello is the client's to wait for).
+const openTimeout = 30 * time.Second
+
 // getTransport returns the session with the daemon at socket, opening it
-// (again, if the daemon went away) when needed.
+// (again, if it failed or the daemon went away) when needed. Callers that
+// come while it is being opened wait for that open, each until its own
+// ctx is done; the open goes on for the next caller meanwhile.
 func getTransport(ctx context.Context, socket string) (*transport, error) {
 	transports.mu.Lock()
-	defer transports.mu.Unlock()
-	if t := transports.m[socket]; t != nil && !t.ia.Gone() {
-		return t, nil
+	o := transports.m[socket]
+	if o != nil {
+		select {
+		case <-o.done:
+			if o.err != nil || o.t.ia.Gone() {
+				o = nil
+			}
+		default: // being opened
+		}
 	}
+	if o == nil {
+		o = &transportOpen{done: make(chan struct{})}
+		if transports.m == nil {
+			transports.m = map[string]*transportOpen{}
+		}
+		transports.m[socket] = o
+		go o.open(socket)
+	}
+	transports.mu.Unlock()
+	select {
+	case <-o.done:
+		if o.err != nil {
+			return nil, o.err
+		}
+		return o.t, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// open opens the session (no lock held).
+func (o *transportOpen) open(socket string) {
+	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
+	defer cancel()
 	ia, err := client.Open(ctx, client.Options{Socket: socket, Name: "sdp"})
 	if err != nil {
-		return nil, err
+		o.err = err
+	} else {
+		o.t = &transport{ia: ia}
 	}
-	t := &transport{ia: ia}
-	if transports.m == nil {
-		transports.m = map[string]*transport{}
-	}
-	transports.m[socket] = t
-	return t, nil
+	close(o.done)
 }
 
 // Policy decides which connections may be offloaded: an address and port

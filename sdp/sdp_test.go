@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -412,5 +413,107 @@ func TestListenerRefusesWhatItWillNotOffload(t *testing.T) {
 	case c := <-accepted:
 		t.Fatalf("a refused MPA client was accepted as a %T", c)
 	default:
+	}
+}
+
+// stuckDaemon listens where a daemon would and takes sessions without
+// ever answering them, until release; count is the sessions taken.
+func stuckDaemon(t *testing.T) (path string, count func() int, release func()) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "stuck.sock")
+	ul, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: path, Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	n := 0
+	go func() {
+		for {
+			c, err := ul.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			n++
+			mu.Unlock()
+		}
+	}()
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			ul.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	}
+	t.Cleanup(release)
+	return path, func() int { mu.Lock(); defer mu.Unlock(); return n }, release
+}
+
+// A daemon that never answers holds up the Dials through it only: one
+// through another daemon goes meanwhile. The Dials that wait for it share
+// one session's open, and its failure.
+func TestStuckDaemonHoldsUpOnlyItsDials(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	stuck, count, release := stuckDaemon(t)
+	const n = 4
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			d := &sdp.Dialer{Socket: stuck, NoFallback: true, HelloTimeout: time.Minute}
+			c, err := d.DialContext(context.Background(), "tcp", ln.Addr().String())
+			if err == nil {
+				c.Close()
+			}
+			errs <- err
+		}()
+	}
+	for deadline := time.Now().Add(20 * time.Second); count() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no session with the stuck daemon")
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+		if err == nil {
+			c1.Close()
+			c2.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a Dial through the other daemon: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		release()
+		t.Fatal("a Dial through the other daemon is held up by the stuck one")
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a Dial through the stuck daemon ended before it hung up: %v", err)
+	default:
+	}
+	release()
+	for range n {
+		select {
+		case err := <-errs:
+			if err == nil {
+				t.Fatal("a Dial through the stuck daemon succeeded")
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatal("a Dial through the stuck daemon still waits after it hung up")
+		}
+	}
+	if c := count(); c != 1 {
+		t.Fatalf("%d sessions opened with the stuck daemon, want 1", c)
 	}
 }
