@@ -1244,17 +1244,25 @@ func (c *Conn) SetZcopyThreshold(n int) error {
 	return nil
 }
 
-// SetNoDelay is accepted for TCP's sake: every Write is sent at once.
+// The TCP options below are accepted, so that code written for a
+// *net.TCPConn (or Dialer.Setup and ListenConfig.Setup) runs unchanged,
+// and mean what follows for an SDP connection; each fails with
+// net.ErrClosed after Close, as TCP's do.
+
+// SetNoDelay: every Write is sent at once, as with TCP_NODELAY; false
+// does not make Writes wait for one another (there is no Nagle here).
 func (c *Conn) SetNoDelay(bool) error { return c.setOK() }
 
-// SetKeepAlive and SetKeepAlivePeriod are accepted for TCP's sake: the
-// daemon's connection keeps itself alive, and a peer that vanishes ends
-// it (a Read or Write then fails).
+// SetKeepAlive and SetKeepAlivePeriod: the daemon's TCP connection
+// under the RDMA stream keeps itself alive (its retransmissions and
+// timeouts), and a peer that vanishes ends it (a Read or Write then
+// fails with a reset), whatever is set.
 func (c *Conn) SetKeepAlive(bool) error                { return c.setOK() }
 func (c *Conn) SetKeepAlivePeriod(time.Duration) error { return c.setOK() }
 
-// SetReadBuffer and SetWriteBuffer are accepted for TCP's sake: the
-// buffers are the posted receives and sends, 1 MiB each way.
+// SetReadBuffer and SetWriteBuffer: the buffers are fixed when the
+// connection is made, the posted receives and sends (16 of 64 KiB each
+// way) and the Read Zcopy regions (4 MiB each way), whatever is set.
 func (c *Conn) SetReadBuffer(int) error  { return c.setOK() }
 func (c *Conn) SetWriteBuffer(int) error { return c.setOK() }
 

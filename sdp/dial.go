@@ -184,6 +184,40 @@ type Dialer struct {
 	// PollFor is how long a waiting Read or Write looks for its event
 	// before it sleeps: 0 means DefaultPollFor, < 0 sleeps at once.
 	PollFor time.Duration
+	// Setup, when not nil, sets the options of the connection before
+	// Dial returns it, whichever path won: the *net.TCPConn of the
+	// fallback (or a Fallback's connection, if it has the setters) or
+	// the *Conn, as a program would on a TCP connection it dialed. An
+	// error closes the connection and fails the Dial.
+	Setup func(TCPOptions) error
+}
+
+// TCPOptions are the setters a *net.TCPConn and a *Conn share: what
+// Dialer.Setup and ListenConfig.Setup are given.
+type TCPOptions interface {
+	SetNoDelay(bool) error
+	SetKeepAlive(bool) error
+	SetKeepAlivePeriod(time.Duration) error
+	SetLinger(int) error
+	SetReadBuffer(int) error
+	SetWriteBuffer(int) error
+}
+
+var (
+	_ TCPOptions = (*net.TCPConn)(nil)
+	_ TCPOptions = (*Conn)(nil)
+)
+
+// setup applies f to c if c has the setters.
+func setup(f func(TCPOptions) error, c net.Conn) error {
+	o, ok := c.(TCPOptions)
+	if f == nil || !ok {
+		return nil
+	}
+	if err := f(o); err != nil {
+		return fmt.Errorf("sdp: setup: %w", err)
+	}
+	return nil
 }
 
 // ErrNoOffload says why a connection was not offloaded (with NoFallback).
@@ -198,6 +232,19 @@ func Dial(network, address string) (net.Conn, error) {
 
 // DialContext is Dial with a context, as net.Dialer's.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := d.dial(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	if err := setup(d.Setup, c); err != nil {
+		c.Close()
+		return nil, &net.OpError{Op: "dial", Net: "sdp", Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: err}
+	}
+	return c, nil
+}
+
+// dial is DialContext without the Setup.
+func (d *Dialer) dial(ctx context.Context, network, address string) (net.Conn, error) {
 	c, err := d.dialSDP(ctx, network, address)
 	if err == nil {
 		return c, nil

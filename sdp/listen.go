@@ -47,6 +47,10 @@ type ListenConfig struct {
 	// peer that opens thousands of connections holds no more than
 	// Backlog of the listener's goroutines and classifications.
 	Backlog int
+	// Setup, when not nil, sets the options of each connection before
+	// Accept returns it, the *net.TCPConn of a TCP client or the *Conn
+	// of an SDP one, as Dialer.Setup; an error closes the connection.
+	Setup func(TCPOptions) error
 }
 
 // DefaultBacklog is ListenConfig.Backlog's default.
@@ -171,6 +175,10 @@ func (l *Listener) acceptLoop() {
 		go func() {
 			defer l.wg.Done()
 			c := l.classify(tc)
+			if c != nil && setup(l.cfg.Setup, c) != nil {
+				c.Close()
+				c = nil
+			}
 			if c == nil {
 				<-l.slots
 				return

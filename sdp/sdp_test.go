@@ -10,10 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/net/nettest"
+	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/streamcheck"
@@ -515,5 +518,128 @@ func TestStuckDaemonHoldsUpOnlyItsDials(t *testing.T) {
 	}
 	if c := count(); c != 1 {
 		t.Fatalf("%d sessions opened with the stuck daemon, want 1", c)
+	}
+}
+
+// sockopt reads an int socket option of a TCP connection.
+func sockopt(t *testing.T, c net.Conn, level, opt int) int {
+	t.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v int
+	var gerr error
+	if err := rc.Control(func(fd uintptr) { v, gerr = unix.GetsockoptInt(int(fd), level, opt) }); err != nil {
+		t.Fatal(err)
+	}
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return v
+}
+
+// Options set before the connection exists (Dialer.Setup,
+// ListenConfig.Setup) apply to whichever path wins: a fallback's TCP
+// socket has them, and an SDP connection's linger of 0 makes its Close a
+// reset. A Setup that fails fails the Dial; the setters of a closed SDP
+// connection fail as TCP's do.
+func TestSetupAppliesToWhicheverPathWins(t *testing.T) {
+	sock := startDaemon(t)
+	var setups atomic.Int32
+	setup := func(o sdp.TCPOptions) error {
+		setups.Add(1)
+		return errors.Join(o.SetNoDelay(false), o.SetKeepAlive(true), o.SetKeepAlivePeriod(7*time.Second),
+			o.SetLinger(0), o.SetReadBuffer(8192), o.SetWriteBuffer(8192))
+	}
+	lc := sdp.ListenConfig{Socket: sock, Setup: setup}
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	checkTCP := func(what string, c net.Conn) {
+		t.Helper()
+		if v := sockopt(t, c, unix.IPPROTO_TCP, unix.TCP_NODELAY); v != 0 {
+			t.Errorf("%s: TCP_NODELAY %d", what, v)
+		}
+		if v := sockopt(t, c, unix.SOL_SOCKET, unix.SO_KEEPALIVE); v != 1 {
+			t.Errorf("%s: SO_KEEPALIVE %d", what, v)
+		}
+		if v := sockopt(t, c, unix.IPPROTO_TCP, unix.TCP_KEEPIDLE); v != 7 {
+			t.Errorf("%s: TCP_KEEPIDLE %d", what, v)
+		}
+		if v := sockopt(t, c, unix.SOL_SOCKET, unix.SO_RCVBUF); v >= 64<<10 {
+			t.Errorf("%s: SO_RCVBUF %d, want the 8 KiB set (doubled)", what, v)
+		}
+		rc, _ := c.(*net.TCPConn).SyscallConn()
+		var l *unix.Linger
+		rc.Control(func(fd uintptr) { l, _ = unix.GetsockoptLinger(int(fd), unix.SOL_SOCKET, unix.SO_LINGER) })
+		if l == nil || l.Onoff != 1 || l.Linger != 0 {
+			t.Errorf("%s: SO_LINGER %+v", what, l)
+		}
+	}
+
+	// The fallback to a TCP server.
+	tl, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	go streamcheck.EchoServer(tl, nil)
+	c, err := (&sdp.Dialer{Socket: sock, Setup: setup, HelloTimeout: 20 * time.Second}).DialContext(context.Background(), "tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTCP("the fallback", c)
+	echo(t, c)
+
+	// A TCP client of the listener.
+	raw, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer raw.Close()
+	raw.Write([]byte("hi"))
+	a, err := acceptOne(ln, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkTCP("a TCP client accepted", a)
+	a.Close()
+
+	// SDP: both ends set up; the dialer's Close with linger 0 resets.
+	before := setups.Load()
+	c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true, Setup: setup}, ln)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if n := setups.Load() - before; n != 2 {
+		t.Errorf("Setup ran %d times for an SDP pair, want 2", n)
+	}
+	c1.Close()
+	c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+	if _, err := io.ReadAll(c2); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("after a Close with linger 0 the peer read %v, want a reset", err)
+	}
+	for name, set := range map[string]func() error{
+		"SetNoDelay":         func() error { return c1.(*sdp.Conn).SetNoDelay(true) },
+		"SetKeepAlive":       func() error { return c1.(*sdp.Conn).SetKeepAlive(true) },
+		"SetKeepAlivePeriod": func() error { return c1.(*sdp.Conn).SetKeepAlivePeriod(time.Second) },
+		"SetLinger":          func() error { return c1.(*sdp.Conn).SetLinger(1) },
+		"SetReadBuffer":      func() error { return c1.(*sdp.Conn).SetReadBuffer(1) },
+		"SetWriteBuffer":     func() error { return c1.(*sdp.Conn).SetWriteBuffer(1) },
+	} {
+		if err := set(); !errors.Is(err, net.ErrClosed) {
+			t.Errorf("%s after Close: %v, want net.ErrClosed", name, err)
+		}
+	}
+
+	// A Setup that fails.
+	no := errors.New("no")
+	if _, err := (&sdp.Dialer{Socket: sock, NoFallback: true, Setup: func(sdp.TCPOptions) error { return no }}).DialContext(
+		context.Background(), "tcp", ln.Addr().String()); !errors.Is(err, no) {
+		t.Errorf("a Dial whose Setup failed: %v", err)
 	}
 }
