@@ -1210,3 +1210,22 @@ func TestCloseWriteTakesALaterDeadline(t *testing.T) {
 		t.Fatal("CloseWrite still waits for the hour-long deadline it started with")
 	}
 }
+
+// A peer's AbortConn resets the connection: Read gives what came before
+// it, then ECONNRESET, and so does Write.
+func TestPeerAbortConn(t *testing.T) {
+	sock := startDaemon(t)
+	ln := listen(t, sock)
+	p, c := rawClient(t, sock, ln)
+	defer c.Close()
+	p.send(t, msg(sdp.MIDData, 1, []byte("good")))
+	p.send(t, msg(sdp.MIDAbortConn, 2, nil))
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if string(got) != "good" || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read %q, %v; want %q and a reset", got, err, "good")
+	}
+	if _, err := c.Write([]byte("x")); !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("Write after the AbortConn: %v, want a reset", err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/internal/leakcheck"
 	"github.com/softrnic/softrnic/internal/streamcheck"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/sdp"
@@ -34,6 +35,9 @@ func startDaemon(t testing.TB) string {
 // startServer is startDaemon with the daemon, for a test that closes it.
 func startServer(t testing.TB) (string, *daemon.Server) {
 	t.Helper()
+	// First, so that it runs after every cleanup of the test: the
+	// daemon's Close and the connections', listeners' Close before it.
+	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "lo.sock")
 	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
@@ -641,5 +645,69 @@ func TestSetupAppliesToWhicheverPathWins(t *testing.T) {
 	if _, err := (&sdp.Dialer{Socket: sock, NoFallback: true, Setup: func(sdp.TCPOptions) error { return no }}).DialContext(
 		context.Background(), "tcp", ln.Addr().String()); !errors.Is(err, no) {
 		t.Errorf("a Dial whose Setup failed: %v", err)
+	}
+}
+
+// A server that takes the MPA Request and never answers it: Dial falls
+// back to TCP once HelloTimeout has passed, on a connection of its own
+// (the server's second), or fails with ErrNoOffload under NoFallback.
+func TestHelloTimeout(t *testing.T) {
+	sock := startDaemon(t)
+	tl, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	firsts := make(chan string, 8)
+	go func() {
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				b := make([]byte, 16)
+				n, _ := io.ReadFull(c, b)
+				firsts <- string(b[:n])
+				if string(b[:n]) == "MPA ID Req Frame" {
+					io.Copy(io.Discard, c) // and never answer
+					return
+				}
+				c.Write(b[:n]) // a TCP echo of the first 16
+			}()
+		}
+	}()
+	d := &sdp.Dialer{Socket: sock, HelloTimeout: 500 * time.Millisecond}
+	start := time.Now()
+	c, err := d.DialContext(context.Background(), "tcp", tl.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	took := time.Since(start)
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Fatalf("dialed a %T, want the TCP fallback", c)
+	}
+	if took < d.HelloTimeout {
+		t.Errorf("fell back after %v, before the HelloTimeout of %v", took, d.HelloTimeout)
+	}
+	t.Logf("fell back after %v", took)
+	if f := <-firsts; f != "MPA ID Req Frame" {
+		t.Fatalf("the server's first connection started %q, want an MPA Request", f)
+	}
+	c.Write([]byte("0123456789abcdef"))
+	if f := <-firsts; f != "0123456789abcdef" {
+		t.Fatalf("the fallback connection started %q", f)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, 16)
+	if _, err := io.ReadFull(c, got); err != nil || string(got) != "0123456789abcdef" {
+		t.Fatalf("the fallback's echo: %q %v", got, err)
+	}
+
+	d.NoFallback = true
+	if _, err := d.DialContext(context.Background(), "tcp", tl.Addr().String()); !errors.Is(err, sdp.ErrNoOffload) {
+		t.Fatalf("NoFallback past the HelloTimeout: %v, want ErrNoOffload", err)
 	}
 }
