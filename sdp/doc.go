@@ -46,8 +46,8 @@
 // else is handed to Accept as the TCP connection it is, with nothing
 // consumed. A client that sends nothing is TCP once DetectTimeout passes:
 // a protocol in which the server speaks first waits that long once.
-// A client the listener will not offload (Policy, SOFTRNIC_SDP=off) is
-// looked at all the same: its MPA Request is answered with a Reply whose
+// A client the listener will not offload (Policy, SOFTRNIC_SDP=off, or
+// no daemon to be had) is looked at all the same: its MPA Request is answered with a Reply whose
 // Reject bit is set (RFC 5044 §7.1.1), so that it falls back to TCP at
 // once, and the application never reads MPA octets.
 package sdp

@@ -214,11 +214,16 @@ func (l *Listener) classify(tc *net.TCPConn) net.Conn {
 		l.rejectMPA(tc)
 		return nil
 	}
-	c, err := l.serveSDP(tc)
-	if err != nil {
+	c, handed, err := l.serveSDP(tc)
+	switch {
+	case err != nil && !handed:
+		// No daemon to take it (none, or one that failed): the
+		// client is refused as by a listener that will not offload.
+		l.rejectMPA(tc)
+		return nil
+	case err != nil:
 		// The client asked for RDMA and will fall back to TCP on a
-		// connection of its own.
-		tc.Close()
+		// connection of its own (the daemon closed tc).
 		return nil
 	}
 	return c
@@ -308,8 +313,9 @@ func (l *Listener) rejectMPA(tc *net.TCPConn) {
 }
 
 // serveSDP hands tc to the daemon as a Socket Service Point and answers
-// the client's Hello.
-func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
+// the client's Hello. handed says whether tc went to the daemon (and was
+// closed here): if not, it is still the caller's, nothing read from it.
+func (l *Listener) serveSDP(tc *net.TCPConn) (_ *Conn, handed bool, _ error) {
 	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.HelloTimeout)
 	defer cancel()
 	go func() {
@@ -321,11 +327,11 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	}()
 	t, err := getTransport(ctx, socketPath(l.cfg.Socket))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c, err := newConn(t, l.cfg.ZcopyThreshold, l.cfg.PollFor)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	started := false
 	defer func() {
@@ -336,12 +342,12 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	}()
 	crs, err := t.ia.CreateEVD(client.EVDOptions{Depth: 4, Kind: client.CREvents | client.ConnectionEvents})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer crs.Free()
 	ssp, err := t.ia.CreateSSP(tc, c.ep, crs, nil)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	defer func() {
 		// An SSP freed before its request (the client sent part of one
@@ -357,7 +363,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 		err = fmt.Errorf("sdp: %v instead of the client's request", ev.Conn)
 	}
 	if err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	info, err := ev.CR.Query()
 	var hello Hello
@@ -381,17 +387,17 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (*Conn, error) {
 	}
 	if err != nil {
 		_ = ev.CR.Reject(nil)
-		return nil, err
+		return nil, true, err
 	}
 	ack := HelloAck{BSDH: BSDH{Bufs: recvBufs}, Version: Version, MaxAdverts: maxAdverts, ActRcvSz: bufSize}
 	if err := ev.CR.Accept(c.ep, ack.Marshal()); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	if err := c.established(ctx); err != nil {
-		return nil, err
+		return nil, true, err
 	}
 	c.local, c.remote = tcpAddr(info.LocalAddr), tcpAddr(info.RemoteAddr)
 	c.start(hello.Bufs, int(hello.LocalRcvSz), hello.MaxAdverts)
 	started = true
-	return c, nil
+	return c, true, nil
 }

@@ -391,31 +391,7 @@ func TestListenerRefusesWhatItWillNotOffload(t *testing.T) {
 	// SOFTRNIC_SDP=off in the listener's process: an MPA Request gets
 	// a rejecting Reply.
 	t.Setenv(sdp.EnvOffload, "off")
-	for _, rev := range []uint8{1, 2} {
-		raw, err := net.Dial("tcp", ln.Addr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer raw.Close()
-		cfg := mpa.Config{Revision: rev, IRD: 2, ORD: 2, PrivateData: make([]byte, sdp.HelloLen)}
-		req, err := cfg.Request()
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := req.Append(nil)
-		if _, err := raw.Write(b); err != nil {
-			t.Fatal(err)
-		}
-		raw.SetReadDeadline(time.Now().Add(10 * time.Second))
-		got, err := io.ReadAll(raw)
-		if err != nil {
-			t.Fatalf("revision %d: reading the Reply: %v", rev, err)
-		}
-		reply, n, err := mpa.ParseFrame(got, true)
-		if err != nil || n != len(got) || !reply.Reject || reply.Revision != rev {
-			t.Fatalf("revision %d: got %q: %+v, %v; want a rejecting Reply, then the close", rev, got, reply, err)
-		}
-	}
+	expectReject(t, ln.Addr().String())
 	select {
 	case c := <-accepted:
 		t.Fatalf("a refused MPA client was accepted as a %T", c)
@@ -710,4 +686,57 @@ func TestHelloTimeout(t *testing.T) {
 	if _, err := d.DialContext(context.Background(), "tcp", tl.Addr().String()); !errors.Is(err, sdp.ErrNoOffload) {
 		t.Fatalf("NoFallback past the HelloTimeout: %v, want ErrNoOffload", err)
 	}
+}
+
+// expectReject sends MPA Requests of both revisions to addr, and fails
+// unless each is answered with a rejecting Reply, then the close.
+func expectReject(t *testing.T, addr string) {
+	t.Helper()
+	for _, rev := range []uint8{1, 2} {
+		raw, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer raw.Close()
+		cfg := mpa.Config{Revision: rev, IRD: 2, ORD: 2, PrivateData: make([]byte, sdp.HelloLen)}
+		req, err := cfg.Request()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := req.Append(nil)
+		if _, err := raw.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		raw.SetReadDeadline(time.Now().Add(20 * time.Second))
+		got, err := io.ReadAll(raw)
+		if err != nil {
+			t.Fatalf("revision %d: reading the Reply: %v", rev, err)
+		}
+		reply, n, err := mpa.ParseFrame(got, true)
+		if err != nil || n != len(got) || !reply.Reject || reply.Revision != rev {
+			t.Fatalf("revision %d: got %q: %+v, %v; want a rejecting Reply, then the close", rev, got, reply, err)
+		}
+	}
+}
+
+// A listener whose daemon cannot be had refuses SDP clients as one that
+// will not offload them: the Request is rejected and Dial falls back.
+func TestListenerWithoutDaemonRefuses(t *testing.T) {
+	sock := startDaemon(t)
+	lc := sdp.ListenConfig{Socket: filepath.Join(t.TempDir(), "none.sock")}
+	ln, err := lc.Listen(context.Background(), "tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	expectReject(t, ln.Addr().String())
+	go streamcheck.EchoServer(ln, nil)
+	c, err := (&sdp.Dialer{Socket: sock, HelloTimeout: 20 * time.Second}).DialContext(context.Background(), "tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.(*net.TCPConn); !ok {
+		t.Fatalf("dialed a %T, want the TCP fallback", c)
+	}
+	echo(t, c)
 }
