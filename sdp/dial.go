@@ -321,6 +321,9 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 		if err == nil && ack.ActRcvSz <= BSDHLen {
 			err = fmt.Errorf("%w: HelloAck offers buffers of %d octets", ErrMalformed, ack.ActRcvSz)
 		}
+		if err == nil && ack.Version>>4 != Version>>4 {
+			err = fmt.Errorf("%w: HelloAck of version %#02x, we speak %#02x", ErrMalformed, ack.Version, Version)
+		}
 	}
 	if err != nil {
 		_ = c.ep.Disconnect(false)

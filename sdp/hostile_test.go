@@ -1229,3 +1229,62 @@ func TestPeerAbortConn(t *testing.T) {
 		t.Fatalf("Write after the AbortConn: %v, want a reset", err)
 	}
 }
+
+// A listener that answers with a HelloAck of another major version is not
+// taken: Dial fails (NoFallback) rather than speak to it; one of ours is.
+func TestDialRefusesHelloAckOfAnotherVersion(t *testing.T) {
+	sock := startDaemon(t)
+	for _, version := range []uint8{0x11, sdp.Version} {
+		p := newRawPeer(t, sock)
+		crs, err := p.ia.CreateEVD(client.EVDOptions{Depth: 4, Kind: client.CREvents})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := net.Listen("tcp4", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := uint16(l.Addr().(*net.TCPAddr).Port)
+		l.Close()
+		psp, err := p.ia.CreatePSP(port, crs, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer psp.Free()
+		type res struct {
+			c   net.Conn
+			err error
+		}
+		ch := make(chan res, 1)
+		go func() {
+			d := &sdp.Dialer{Socket: sock, NoFallback: true, HelloTimeout: 20 * time.Second}
+			c, err := d.DialContext(context.Background(), "tcp", net.JoinHostPort("127.0.0.1", fmt.Sprint(port)))
+			ch <- res{c, err}
+		}()
+		ev, _, err := crs.WaitTimeout(20*time.Second, 1)
+		if err != nil || ev.Type != client.ConnectionRequest {
+			t.Fatalf("version %#x: waiting for the request: %+v %v", version, ev, err)
+		}
+		ack := sdp.HelloAck{BSDH: sdp.BSDH{Bufs: 16}, Version: version, MaxAdverts: 1, ActRcvSz: 1 << 16}
+		if err := ev.CR.Accept(p.ep, ack.Marshal()); err != nil {
+			t.Fatal(err)
+		}
+		r := <-ch
+		if version != sdp.Version {
+			if r.c != nil {
+				r.c.Close()
+			}
+			if !errors.Is(r.err, sdp.ErrNoOffload) || !strings.Contains(r.err.Error(), "version") {
+				t.Fatalf("a HelloAck of version %#x: %v, want ErrNoOffload", version, r.err)
+			}
+			continue
+		}
+		if r.err != nil {
+			t.Fatalf("a HelloAck of our version: %v", r.err)
+		}
+		if _, ok := r.c.(*sdp.Conn); !ok {
+			t.Fatalf("a HelloAck of our version: a %T", r.c)
+		}
+		r.c.Close()
+	}
+}
