@@ -12,11 +12,8 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/ctl"
 )
-
-// DefaultSocket is the daemon's control socket when neither the options nor
-// SOFTRNIC_SOCKET name one.
-const DefaultSocket = "/run/softrnic/softrnic.sock"
 
 // EnvOffload turns offload off when set to "0", "off" or "false": every
 // connection is plain TCP, as seed 002's AF_INET_DIRECT did when unset.
@@ -35,14 +32,17 @@ func offloadOff() bool {
 	return false
 }
 
-func socketPath(s string) string {
+// socketPath is the daemon's control socket: s, else $SOFTRNIC_SOCKET,
+// else the one daemon socket in /run/softrnic (ctl.FindSocket; none or
+// several there is an error, and the connection TCP).
+func socketPath(s string) (string, error) {
 	if s != "" {
-		return s
+		return s, nil
 	}
 	if s := os.Getenv(EnvSocket); s != "" {
-		return s
+		return s, nil
 	}
-	return DefaultSocket
+	return ctl.FindSocket()
 }
 
 // transport is one session with a daemon, shared by every connection of
@@ -163,7 +163,7 @@ func (p *Policy) Offload(ap netip.AddrPort) bool {
 // Dialer dials SDP connections, and plain TCP ones when SDP cannot be had.
 type Dialer struct {
 	// Socket is the daemon's control socket (default: SOFTRNIC_SOCKET,
-	// then DefaultSocket).
+	// then the one daemon socket in /run/softrnic).
 	Socket string
 	// Policy limits offload; nil offloads every connection.
 	Policy *Policy
@@ -297,7 +297,11 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	t, err := getTransport(ctx, socketPath(d.Socket))
+	sock, err := socketPath(d.Socket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
+	}
+	t, err := getTransport(ctx, sock)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}

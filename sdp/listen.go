@@ -20,7 +20,7 @@ import (
 // ListenConfig configures a Listener.
 type ListenConfig struct {
 	// Socket is the daemon's control socket (default: SOFTRNIC_SOCKET,
-	// then DefaultSocket).
+	// then the one daemon socket in /run/softrnic).
 	Socket string
 	// Policy limits which clients are offloaded (by their address, and
 	// by the listener's port); nil offloads every SDP client.
@@ -325,7 +325,11 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (_ *Conn, handed bool, _ error) {
 		case <-ctx.Done():
 		}
 	}()
-	t, err := getTransport(ctx, socketPath(l.cfg.Socket))
+	sock, err := socketPath(l.cfg.Socket)
+	if err != nil {
+		return nil, false, err
+	}
+	t, err := getTransport(ctx, sock)
 	if err != nil {
 		return nil, false, err
 	}

@@ -30,7 +30,7 @@ func main() {
 		usage()
 	}
 	fs := flag.NewFlagSet(os.Args[1], flag.ExitOnError)
-	socket := fs.String("socket", "", "softrnicd control socket (default: $SOFTRNIC_SOCKET, then "+sockets.DefaultSocket+")")
+	socket := fs.String("socket", "", "softrnicd control socket (default: $SOFTRNIC_SOCKET, then the one socket in /run/softrnic)")
 	size := fs.Int("size", 64<<20, "client: octets to send and have echoed")
 	_ = fs.Parse(os.Args[2:])
 	if fs.NArg() != 1 {
