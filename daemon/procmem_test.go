@@ -21,7 +21,9 @@ import (
 )
 
 // readableAddr is the start of a readable and writable mapping of process
-// pid (the tests register it for writing).
+// pid (the tests register it for writing): its stack, which stays so. (The
+// first writable mapping of a program just exec'd may be the part of its
+// data that the dynamic loader turns read-only next, RELRO.)
 func readableAddr(t *testing.T, pid int) uint64 {
 	t.Helper()
 	f, err := os.Open(fmt.Sprintf("/proc/%d/maps", pid))
@@ -32,7 +34,7 @@ func readableAddr(t *testing.T, pid int) uint64 {
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 2 || !strings.HasPrefix(fields[1], "rw") {
+		if len(fields) < 6 || !strings.HasPrefix(fields[1], "rw") || fields[5] != "[stack]" {
 			continue
 		}
 		start, _, _ := strings.Cut(fields[0], "-")
