@@ -57,13 +57,20 @@ type MR struct {
 
 	// The shadow of a process-backed region gives its pages back once
 	// nothing holds the region and fetches since the last time spanned
-	// shadowTrimAt or more (trimShadow), so that the daemon does not
-	// keep a copy of all the data that ever went out. Fetches take
-	// shadowMu shared, the trim exclusive: a fetch by a new holder waits
-	// for the pages to go, and a trim never drops what a holder fetched.
-	shadowMu         sync.RWMutex
-	fetchLo, fetchHi atomic.Uint64 // offsets in Buf fetched since the last trim; hi 0: none
-	shadowBig        atomic.Bool   // fetchHi-fetchLo reached shadowTrimAt
+	// shadowTrimAt or more, so that the daemon does not keep a copy of
+	// all the data that ever went out. The last release hands the region
+	// to the trimmer goroutine (trimShadow), off the datapath. Fetches
+	// take shadowMu shared, the trim and Deregister exclusive: a fetch by
+	// a new holder waits for the pages to go, a trim never drops what a
+	// holder fetched, and none touches the shadow of a region
+	// deregistered (its owner may unmap it then).
+	shadowMu sync.RWMutex
+	// fetchNotLo and fetchHi bound the offsets in Buf fetched since the
+	// last trim: ^fetchNotLo the lowest, so that the zero value of both
+	// is "nothing".
+	fetchNotLo, fetchHi atomic.Uint64
+	shadowBig           atomic.Bool // the bounds span shadowTrimAt or more
+	trimQueued          atomic.Bool // in shadowTrims
 }
 
 // shadowTrimAt is how much of a shadow may have been fetched before the
@@ -110,6 +117,10 @@ func (m *MR) Revalidate() { m.invalid.Store(false) }
 // Deregister marks the region dead unless an operation holds it. After it
 // returns nil no placement can touch Buf, so the owner may unmap it.
 func (m *MR) Deregister() error {
+	// Not while a trim works on the shadow: once this returns nil the
+	// owner may unmap it.
+	m.shadowMu.Lock()
+	defer m.shadowMu.Unlock()
 	if m.inflight.Load() > 0 {
 		return ErrBusy
 	}
@@ -134,29 +145,61 @@ func (m *MR) hold() bool {
 }
 
 func (m *MR) release() {
-	if m.inflight.Add(-1) == 0 && m.shadowBig.Load() {
-		m.trimShadow()
+	if m.inflight.Add(-1) == 0 && m.shadowBig.Load() && m.trimQueued.CompareAndSwap(false, true) {
+		select {
+		case shadowTrims <- m:
+			if trimming.CompareAndSwap(false, true) {
+				go trimmer()
+			}
+		default: // the trimmer is behind: a later release asks again
+			m.trimQueued.Store(false)
+		}
+	}
+}
+
+// shadowTrims are the regions whose shadows the trimmer is to trim; a
+// trimmer runs while trimming is set, and ends when it finds none.
+var (
+	shadowTrims = make(chan *MR, 256)
+	trimming    atomic.Bool
+)
+
+func trimmer() {
+	for {
+		select {
+		case m := <-shadowTrims:
+			m.trimQueued.Store(false)
+			m.trimShadow()
+		default:
+			trimming.Store(false)
+			// One queued between the look and the store is this
+			// trimmer's still, unless a new one took it.
+			if len(shadowTrims) == 0 || !trimming.CompareAndSwap(false, true) {
+				return
+			}
+		}
 	}
 }
 
 // trimShadow gives back the whole pages of the shadow that fetches filled,
-// unless a holder came meanwhile (it may use them).
+// unless a holder came meanwhile (it may use them) or the region is
+// deregistered (the shadow may be gone).
 func (m *MR) trimShadow() {
 	m.shadowMu.Lock()
 	defer m.shadowMu.Unlock()
-	if m.inflight.Load() != 0 || !m.shadowBig.Load() {
+	if m.inflight.Load() != 0 || m.dead.Load() || !m.shadowBig.Load() {
 		return
 	}
 	page := uintptr(unix.Getpagesize())
 	base := uintptr(unsafe.Pointer(unsafe.SliceData(m.Buf)))
-	lo := (base + uintptr(m.fetchLo.Load()) + page - 1) &^ (page - 1)
-	hi := (base + uintptr(m.fetchHi.Load())) &^ (page - 1)
+	lo := (base + uintptr(^m.fetchNotLo.Load()) + page - 1) &^ (page - 1)
+	hi := (base + uintptr(min(m.fetchHi.Load(), uint64(len(m.Buf))))) &^ (page - 1)
 	if hi > lo {
 		// Anonymous private memory reads as zeros again; nothing reads
 		// it before a fetch fills it.
 		_ = unix.Madvise(m.Buf[lo-base:hi-base], unix.MADV_DONTNEED)
 	}
-	m.fetchLo.Store(0)
+	m.fetchNotLo.Store(0)
 	m.fetchHi.Store(0)
 	m.shadowBig.Store(false)
 }
@@ -180,11 +223,8 @@ func (m *MR) fetch(b []byte) error {
 	lo := addr - m.Base
 	hi := lo + uint64(len(b))
 	for {
-		l, h := m.fetchLo.Load(), m.fetchHi.Load()
-		if h != 0 && l <= lo {
-			break
-		}
-		if m.fetchLo.CompareAndSwap(l, lo) {
+		n := m.fetchNotLo.Load()
+		if n >= ^lo || m.fetchNotLo.CompareAndSwap(n, ^lo) {
 			break
 		}
 	}
@@ -194,7 +234,7 @@ func (m *MR) fetch(b []byte) error {
 			break
 		}
 	}
-	if m.fetchHi.Load()-m.fetchLo.Load() >= shadowTrimAt {
+	if l, h := ^m.fetchNotLo.Load(), m.fetchHi.Load(); h > l && h-l >= shadowTrimAt {
 		m.shadowBig.Store(true)
 	}
 	return m.Proc.ReadAt(b, addr)
