@@ -461,9 +461,11 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct
 		return fail(EINVAL);
 	if (dst->sa_family != AF_INET || (src && src->sa_family != AF_INET))
 		return fail(EAFNOSUPPORT);
-	if (src && rdma_bind_addr(id, src))
-		return -1;
 	struct cm_id *i = to_id(id);
+	/* as the kernel's: src binds an id not bound yet, and is ignored by
+	 * one that is (a retry after ADDR_ERROR, say) */
+	if (src && !i->reserve && !i->psp && rdma_bind_addr(id, src))
+		return -1;
 	struct sockaddr_in d;
 	memcpy(&d, dst, sizeof(d));
 	if (d.sin_port == 0)

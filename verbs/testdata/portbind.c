@@ -62,6 +62,20 @@ int main(int argc, char **argv)
 	if (pc == 0 || pd == 0 || pc == pd)
 		FAIL("port 0 gave ports %d and %d", pc, pd);
 	refused(e, pc, "an id holds it from port 0");
+	/* rdma_resolve_addr with a source address binds an id not bound
+	 * yet, and leaves a bound one as it is, as the kernel's does */
+	struct sockaddr_in src = {.sin_family = AF_INET}, dst = {.sin_family = AF_INET, .sin_port = htons(port)};
+	src.sin_addr.s_addr = dst.sin_addr.s_addr = htonl(0x7f000001);
+	for (int k = 0; k < 2; k++) {
+		if (rdma_resolve_addr(d, (struct sockaddr *)&src, (struct sockaddr *)&dst, 2000))
+			FAIL("rdma_resolve_addr %d of a bound id with a source address: %s", k, strerror(errno));
+		struct rdma_cm_event *ev;
+		if (rdma_get_cm_event(ch, &ev) || ev->event != RDMA_CM_EVENT_ADDR_RESOLVED)
+			FAIL("resolve %d: %s", k, strerror(errno));
+		rdma_ack_cm_event(ev);
+		if (ntohs(rdma_get_src_port(d)) != pd)
+			FAIL("resolve %d moved the bound id from port %d to %d", k, pd, ntohs(rdma_get_src_port(d)));
+	}
 	rdma_destroy_id(a);
 	if (bind_port(b, port) || rdma_listen(b, 4))
 		FAIL("bind and listen on port %d after its id went: %s", port, strerror(errno));
