@@ -23,6 +23,11 @@
 #              datapath a program that never yields shares the two cores
 #              with the pinned pollers, and that, not the libraries, is
 #              what perftest pays there.
+#   send       ib_send_lat -R -s 8 (each side waits on its CQ through
+#              ibv_poll_cq, so the libraries' own wait is measured: it
+#              yields on a CPU the daemon's datapath shares) against
+#              softrnic-perf send_lat -s 8: typical round trip in
+#              microseconds, perftest's doubled as above.
 BENCH=bench-verbs
 source "$(dirname "$0")/bench-pair.sh"
 BW_N=${BW_N:-5000} LAT_N=${LAT_N:-5000}
@@ -67,22 +72,24 @@ perf() {
 	wait "$srv" || true
 }
 
-bw_v=() bw_g=() lat_v=() lat_g=() lat_y=()
+bw_v=() bw_g=() lat_v=() lat_g=() lat_y=() snd_v=() snd_g=()
 for r in $(seq "$ROUNDS"); do
 	bw_v+=("$(perftest ib_write_bw 4 -s 65536 -n "$BW_N")")
 	bw_g+=("$(perf bw_avg_MBps write_bw --poll -s 65536 -t 128 -n "$BW_N")")
 	lat_v+=("$(perftest ib_write_lat 5 -s 8 -n "$LAT_N" | awk '{print 2 * $1}')")
 	lat_g+=("$(perf t_typical_us write_lat -s 8 -n "$LAT_N")")
 	lat_y+=("$(perf t_typical_us write_lat -s 8 --busy -n "$LAT_N")")
-	printf 'round %d: bandwidth %s / %s MB/s, latency %s / %s us, Go client spinning %s us (perftest over the libraries / Go client)\n' "$r" \
-		"${bw_v[-1]}" "${bw_g[-1]}" "${lat_v[-1]}" "${lat_g[-1]}" "${lat_y[-1]}"
+	snd_v+=("$(perftest ib_send_lat 5 -s 8 -n "$LAT_N" | awk '{print 2 * $1}')")
+	snd_g+=("$(perf t_typical_us send_lat -s 8 -n "$LAT_N")")
+	printf 'round %d: bandwidth %s / %s MB/s, write latency %s / %s us, Go client spinning %s us, send latency %s / %s us (perftest over the libraries / Go client)\n' "$r" \
+		"${bw_v[-1]}" "${bw_g[-1]}" "${lat_v[-1]}" "${lat_g[-1]}" "${lat_y[-1]}" "${snd_v[-1]}" "${snd_g[-1]}"
 done
 
 mkdir -p bench
-python3 - "$DATAPATH" "${bw_v[*]}" "${bw_g[*]}" "${lat_v[*]}" "${lat_g[*]}" "${lat_y[*]}" <<'EOF'
+python3 - "$DATAPATH" "${bw_v[*]}" "${bw_g[*]}" "${lat_v[*]}" "${lat_g[*]}" "${lat_y[*]}" "${snd_v[*]}" "${snd_g[*]}" <<'EOF'
 import json, statistics, sys
 dp = sys.argv[1]
-bv, bg, lv, lg, ly = ([float(x) for x in a.split()] for a in sys.argv[2:7])
+bv, bg, lv, lg, ly, sv, sg = ([float(x) for x in a.split()] for a in sys.argv[2:9])
 m = statistics.median
 print(f"\n== perftest through libibverbs/librdmacm beside the Go client (softrnic-perf), {dp} datapath, medians of {len(bv)}")
 print(f"{'':44} {'libraries':>10} {'Go client':>10} {'ratio':>7}  target")
@@ -91,6 +98,9 @@ print(f"{'RDMA Write 64 KiB, 128 in flight (MB/s)':44} {m(bv):10.1f} {m(bg):10.1
 r = m(lv) / m(lg)
 print(f"{'RDMA Write 8 B round trip, typical (us)':44} {m(lv):10.2f} {m(lg):10.2f} {r:7.2f}  <= 1.10 {'met' if r <= 1.1 else 'NOT met'}")
 print(f"{'  the Go client spinning as perftest (--busy)':44} {'':10} {m(ly):10.2f} {m(lv) / m(ly):7.2f}")
+r = m(sv) / m(sg)
+print(f"{'Send 8 B round trip, typical (us)':44} {m(sv):10.2f} {m(sg):10.2f} {r:7.2f}  <= 1.10 {'met' if r <= 1.1 else 'NOT met'}")
 json.dump({"datapath": dp, "bandwidth_MBps": {"libraries": bv, "go_client": bg},
-           "latency_us": {"libraries": lv, "go_client": lg, "go_client_busy": ly}}, open("bench/verbs.json", "w"), indent=1)
+           "latency_us": {"libraries": lv, "go_client": lg, "go_client_busy": ly},
+           "send_latency_us": {"libraries": sv, "go_client": sg}}, open("bench/verbs.json", "w"), indent=1)
 EOF
