@@ -115,15 +115,70 @@ func bindTCP(addr netip.Addr, port uint16) (int, uint16, error) {
 // ip_unprivileged_port_start, 1024 unless set) to a client process that
 // could not bind it itself, as the kernel's RDMA-CM refuses it: the daemon
 // binds and listens as root, for whoever asks.
+// The capability counts only in a user namespace that owns the daemon's
+// network namespace or is an ancestor of the one that does, as the kernel
+// checks it (ns_capable on the network namespace's owner): a process in a
+// user namespace of its own has every capability there, over nothing of
+// the host's.
 func (s *session) mayBind(port uint16) error {
 	if port == 0 || uint32(port) >= unprivilegedPortStart() {
 		return nil
 	}
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cred.Pid))
-	if err == nil && hasCapability(string(status), unix.CAP_NET_BIND_SERVICE) {
-		return nil
+	refuse := func(why string) error {
+		return fail(ctl.ProtectionViolation, "port %d is privileged, and process %d may not bind it: %s", port, s.cred.Pid, why)
 	}
-	return fail(ctl.ProtectionViolation, "port %d is privileged, and process %d may not bind it (CAP_NET_BIND_SERVICE)", port, s.cred.Pid)
+	proc := fmt.Sprintf("/proc/%d", s.cred.Pid)
+	status, err := os.ReadFile(proc + "/status")
+	if err != nil || !hasCapability(string(status), unix.CAP_NET_BIND_SERVICE) {
+		return refuse("no CAP_NET_BIND_SERVICE")
+	}
+	var user unix.Stat_t
+	if err := unix.Stat(proc+"/ns/user", &user); err != nil {
+		return refuse(err.Error())
+	}
+	// The PID was read before the process could exit and its PID go to
+	// another: what was read is the session's process's only if it
+	// still runs.
+	if s.pidfd == nil || exited(s.pidfd) {
+		return refuse("the process has exited, or is not known by a pidfd")
+	}
+	if !ownsNetns(user) {
+		return refuse("its capability is in a user namespace that does not own the daemon's network namespace")
+	}
+	return nil
+}
+
+// exited says whether the process of a pidfd has exited (the pidfd reads
+// readable then).
+func exited(pidfd *os.File) bool {
+	p := []unix.PollFd{{Fd: int32(pidfd.Fd()), Events: unix.POLLIN}}
+	n, err := unix.Poll(p, 0)
+	return err != nil || n > 0
+}
+
+// ownsNetns says whether the user namespace user (its /proc/PID/ns/user)
+// is the owner of the daemon's network namespace or an ancestor of it.
+func ownsNetns(user unix.Stat_t) bool {
+	net, err := os.Open("/proc/self/ns/net")
+	if err != nil {
+		return false
+	}
+	defer net.Close()
+	fd, err := unix.IoctlRetInt(int(net.Fd()), unix.NS_GET_USERNS)
+	for err == nil {
+		var st unix.Stat_t
+		same := unix.Fstat(fd, &st) == nil && st.Dev == user.Dev && st.Ino == user.Ino
+		parent, perr := unix.IoctlRetInt(fd, unix.NS_GET_PARENT)
+		unix.Close(fd)
+		if same {
+			if perr == nil {
+				unix.Close(parent)
+			}
+			return true
+		}
+		fd, err = parent, perr // EPERM past the daemon's own: no further
+	}
+	return false
 }
 
 // unprivilegedPortStart is the daemon's network namespace's

@@ -629,6 +629,33 @@ func TestPortReservation(t *testing.T) {
 	runOK(t, "portbind", startDaemon(t), strconv.Itoa(freePort(t)))
 }
 
+// A privileged port is bound for a client that has CAP_NET_BIND_SERVICE
+// over the daemon's network namespace (root here), and refused with
+// EACCES to the same program in a user namespace of its own, where it has
+// every capability, but over nothing of the host's (testdata/privport.c).
+func TestPrivilegedPort(t *testing.T) {
+	testenv.RequireRoot(t)
+	unshare := testenv.RequireTool(t, "unshare")
+	sock := startDaemon(t)
+	port := 0
+	for p := 600 + os.Getpid()%300; p < 1024 && port == 0; p++ {
+		if l, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+			l.Close()
+			port = p
+		}
+	}
+	if port == 0 {
+		t.Fatal("no free privileged port")
+	}
+	runOK(t, "privport", sock, strconv.Itoa(port), "ok")
+	bin, lib := compile(t, "privport")
+	cmd := exec.Command(unshare, "--user", "--map-root-user", bin, strconv.Itoa(port), "eacces")
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
+	if out, err := cmd.CombinedOutput(); err != nil || string(out) != "ok\n" {
+		t.Fatalf("privport in a user namespace of its own: %v\n%s", err, out)
+	}
+}
+
 // Address resolution asks the daemon's host, in the daemon's network
 // namespace, not the application's: with the daemon in a namespace of its
 // own (192.0.2.1/24, no default route) and the program outside it, the
