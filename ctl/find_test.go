@@ -57,6 +57,15 @@ func TestFindSocket(t *testing.T) {
 	if out := run(); !strings.Contains(out, "found: /run/softrnic/veth0.sock") {
 		t.Errorf("one, beside a file that is not a socket: %s", out)
 	}
+	stale, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(dir, "stale.sock"), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	if out := run(); !strings.Contains(out, "found: /run/softrnic/veth0.sock") {
+		t.Errorf("one live, one left by a daemon killed: %s", out)
+	}
 	listen("veth1.sock")
 	if out := run(); !strings.Contains(out, "error: 2 softrnicd sockets in /run/softrnic") {
 		t.Errorf("two: %s", out)

@@ -3,6 +3,7 @@ package ctl
 import (
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -17,8 +18,10 @@ func DefaultSocket(iface string) string { return filepath.Join(SocketDir, iface+
 
 // FindSocket is the socket of the one daemon in SocketDir, for a client
 // told neither a socket nor an interface (the libraries' rule too, in
-// verbs/ibverbs/ctl.c). None there, or several, is an error that says so:
-// which of several daemons is meant cannot be guessed.
+// verbs/ibverbs/ctl.c): of several sockets there, the one a daemon answers
+// on, if only one does (the others left by daemons killed). None, or
+// several live ones, is an error that says so: which daemon is meant
+// cannot be guessed.
 func FindSocket() (string, error) {
 	found, _ := filepath.Glob(filepath.Join(SocketDir, "*.sock"))
 	var socks []string
@@ -26,6 +29,16 @@ func FindSocket() (string, error) {
 		if st, err := os.Stat(f); err == nil && st.Mode()&fs.ModeSocket != 0 {
 			socks = append(socks, f)
 		}
+	}
+	if len(socks) > 1 {
+		live := socks[:0]
+		for _, f := range socks {
+			if c, err := net.Dial("unixpacket", f); err == nil {
+				c.Close()
+				live = append(live, f)
+			}
+		}
+		socks = live
 	}
 	switch len(socks) {
 	case 1:

@@ -241,8 +241,18 @@ func TestDefaultSocket(t *testing.T) {
 	if out := run(); !strings.Contains(out, "hca_id:\tsoftrnic0") {
 		t.Errorf("with one daemon in /run/softrnic, ibv_devinfo does not find it:\n%s", out)
 	}
+	// a socket a killed daemon left behind is passed over
+	stale, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(dir, "stale.sock"), Net: "unixpacket"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.SetUnlinkOnClose(false)
+	stale.Close()
+	if out := run(); !strings.Contains(out, "hca_id:\tsoftrnic0") {
+		t.Errorf("with one daemon in /run/softrnic and a stale socket, ibv_devinfo does not find it:\n%s", out)
+	}
 	startDaemonWith(t, daemon.Options{Socket: filepath.Join(dir, "e.sock")})
-	if out := run(); !strings.Contains(out, "No IB devices found") || !strings.Contains(out, "2 daemon sockets in /run/softrnic; set SOFTRNIC_SOCKET") {
+	if out := run(); !strings.Contains(out, "No IB devices found") || !strings.Contains(out, "2 daemons answer in /run/softrnic; set SOFTRNIC_SOCKET") {
 		t.Errorf("with two daemons in /run/softrnic:\n%s", out)
 	}
 }

@@ -32,12 +32,29 @@ enum {
 	STATUS_SUCCESS = 0,
 };
 
+/* answers says whether a daemon listens on the socket at path (a socket
+ * file a killed daemon left behind refuses). */
+static int answers(const char *path)
+{
+	struct sockaddr_un sa = {.sun_family = AF_UNIX};
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return 0;
+	strcpy(sa.sun_path, path);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return 0;
+	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
 /*
  * srn_socket_path: $SOFTRNIC_SOCKET, else the one daemon socket in
- * /run/softrnic (softrnicd listens on /run/softrnic/IFACE.sock). With none
- * or several there, it names the first pattern's path, which a connect
- * then fails on, and says once on stderr why: the library cannot guess
- * which of several daemons is meant.
+ * /run/softrnic (softrnicd listens on /run/softrnic/IFACE.sock); of
+ * several there, the one a daemon answers on, if only one does (the others
+ * left by daemons killed). With none, or several live ones, it names the
+ * pattern's path, which a connect then fails on, and says once on stderr
+ * why several: the library cannot guess which daemon is meant.
  */
 const char *srn_socket_path(void)
 {
@@ -47,22 +64,29 @@ const char *srn_socket_path(void)
 	if (p && *p)
 		return p;
 	glob_t g;
-	int rc = glob(SRN_SOCKET_DIR "/*.sock", GLOB_NOSORT, NULL, &g);
-	size_t n = 0;
-	if (rc == 0)
-		for (size_t i = 0; i < g.gl_pathc; i++) {
-			struct stat st;
-			if (stat(g.gl_pathv[i], &st) == 0 && S_ISSOCK(st.st_mode) &&
-			    strlen(g.gl_pathv[i]) < sizeof(found) && n++ == 0)
+	if (glob(SRN_SOCKET_DIR "/*.sock", 0, NULL, &g) != 0)
+		return SRN_SOCKET_DIR "/*.sock";
+	size_t socks = 0, live = 0;
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		struct stat st;
+		if (stat(g.gl_pathv[i], &st) == 0 && S_ISSOCK(st.st_mode) && strlen(g.gl_pathv[i]) < sizeof(found))
+			socks++;
+	}
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		struct stat st;
+		if (stat(g.gl_pathv[i], &st) != 0 || !S_ISSOCK(st.st_mode) || strlen(g.gl_pathv[i]) >= sizeof(found))
+			continue;
+		if (socks == 1 || answers(g.gl_pathv[i])) { /* one alone needs no look */
+			if (live++ == 0)
 				strcpy(found, g.gl_pathv[i]);
 		}
-	if (rc == 0)
-		globfree(&g);
-	if (n == 1)
+	}
+	globfree(&g);
+	if (live == 1)
 		return found;
-	if (n > 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-		fprintf(stderr, "softrnic: %zu daemon sockets in " SRN_SOCKET_DIR
-				"; set SOFTRNIC_SOCKET to the one to use\n", n);
+	if (live > 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		fprintf(stderr, "softrnic: %zu daemons answer in " SRN_SOCKET_DIR "; set SOFTRNIC_SOCKET to the one to use\n",
+			live);
 	return SRN_SOCKET_DIR "/*.sock";
 }
 
