@@ -27,7 +27,8 @@ var privatePointers = map[string]bool{"_verbs_init_and_alloc_context": true, "ve
 // failed ibv_rereg_mr is IBV_REREG_MR_ERR_INPUT, -1), or for
 // ibv_query_qp_data_in_order 0, which promises no ordering (its answer
 // is a set of flags, and EOPNOTSUPP's bits would promise some).
-var otherIntegers = map[string]string{"ibv_get_async_event": "-1", "ibv_get_pkey_index": "-1", "ibv_init_ah_from_wc": "-1",
+var otherIntegers = map[string]string{"ibv_get_async_event": "-1", "ibv_get_cq_event": "-1", "ibv_query_gid": "-1",
+	"ibv_query_pkey": "-1", "ibv_get_pkey_index": "-1", "ibv_init_ah_from_wc": "-1",
 	"ibv_read_ibdev_sysfs_file": "-1", "ibv_read_sysfs_file": "-1", "ibv_rereg_mr": "-1", "ibv_query_qp_data_in_order": "0"}
 
 // Return is how a stub fails, by its function's return type.

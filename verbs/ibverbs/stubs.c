@@ -129,7 +129,7 @@ EXPORT void srn_stub_ibv_free_device_list_IBVERBS_1_0(void) {}
 SYMVER(srn_stub_ibv_free_device_list_IBVERBS_1_0, ibv_free_device_list, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_get_async_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_get_async_event_IBVERBS_1_0, ibv_get_async_event, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long srn_stub_ibv_get_cq_event_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_get_cq_event_IBVERBS_1_0, ibv_get_cq_event, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_get_device_guid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_get_device_guid_IBVERBS_1_0, ibv_get_device_guid, "@IBVERBS_1.0");
@@ -155,9 +155,9 @@ EXPORT void *ibv_qp_to_qp_ex(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long srn_stub_ibv_query_device_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_device_IBVERBS_1_0, ibv_query_device, "@IBVERBS_1.0");
 EXPORT long ibv_query_ece(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
-EXPORT long srn_stub_ibv_query_gid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long srn_stub_ibv_query_gid_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_query_gid_IBVERBS_1_0, ibv_query_gid, "@IBVERBS_1.0");
-EXPORT long srn_stub_ibv_query_pkey_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
+EXPORT long srn_stub_ibv_query_pkey_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return -1; }
 SYMVER(srn_stub_ibv_query_pkey_IBVERBS_1_0, ibv_query_pkey, "@IBVERBS_1.0");
 EXPORT long srn_stub_ibv_query_port_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_port_IBVERBS_1_0, ibv_query_port, "@IBVERBS_1.0");
