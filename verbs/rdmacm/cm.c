@@ -81,6 +81,7 @@ struct cm_channel {
 	struct cm_event *head, *tail; /* made here, not yet returned */
 	struct cm_id *ids;
 	int destroyed; /* rdma_destroy_event_channel came while ids had it */
+	struct cm_channel *next_chan; /* in chans */
 };
 
 struct cm_id {
@@ -104,6 +105,7 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t acked = PTHREAD_COND_INITIALIZER;
 static struct ibv_context *verbs; /* the process's context */
 static int channels;              /* how many channels there are */
+static struct cm_channel *chans;  /* they, listed */
 
 /* context opens the shared context of the device on first use; mu held.
  * A context whose daemon has gone is given up once no channel is left
@@ -170,10 +172,17 @@ static struct cm_event *new_event(struct cm_id *id, enum rdma_cm_event_type type
 	return e;
 }
 
+static int renew(void);
+
 static struct cm_channel *make_channel(void)
 {
 	pthread_mutex_lock(&mu);
 	struct cm_channel *c = NULL;
+	int rerr = renew();
+	if (rerr) {
+		errno = rerr;
+		goto out;
+	}
 	if (!context())
 		goto out;
 	c = calloc(1, sizeof(*c));
@@ -210,9 +219,61 @@ static struct cm_channel *make_channel(void)
 	}
 	srn_evd_arm(&c->evd);
 	channels++;
+	c->next_chan = chans;
+	chans = c;
 out:
 	pthread_mutex_unlock(&mu);
 	return c;
+}
+
+/*
+ * renew moves the channels to a new context when the daemon has gone and
+ * no id is left on any of them (each was told DEVICE_REMOVAL and
+ * destroyed): a program that keeps its channel for its life goes on with
+ * a restarted daemon, as with a kernel device that comes back. Each
+ * channel's EVD is made anew on the new session; its eventfd takes the
+ * old one's descriptor number (dup2), so that a thread about to read it
+ * reads the new one, never a descriptor the number was given to since.
+ * mu held; 0 or an errno value.
+ */
+static int renew(void)
+{
+	if (!verbs || !srn_session_gone(&ctx()->sess))
+		return 0;
+	for (struct cm_channel *c = chans; c; c = c->next_chan)
+		if (c->ids)
+			return ENODEV; /* the old context is still some id's */
+	struct ibv_context *old = verbs;
+	int old_fd = ctx()->sess.fd;
+	verbs = NULL;
+	if (!context()) {
+		int e = errno;
+		verbs = old;
+		return e;
+	}
+	for (struct cm_channel *c = chans; c; c = c->next_chan) {
+		struct srn_evd fresh;
+		int err = srn_evd_create(&ctx()->sess, EVD_DEPTH, SRN_EVD_CONNECTION | SRN_EVD_CR, &fresh);
+		if (err)
+			return err;
+		if (dup2(fresh.notify, c->evd.notify) < 0) {
+			err = errno;
+			srn_evd_free(&fresh);
+			return err;
+		}
+		close(fresh.notify);
+		fresh.notify = c->evd.notify;
+		pthread_spin_destroy(&c->evd.lock);
+		c->evd = fresh;
+		struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, hup = {.events = EPOLLRDHUP, .data.u32 = 2};
+		epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, old_fd, NULL);
+		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->evd.notify, &a) < 0 ||
+		    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0)
+			return errno;
+		srn_evd_arm(&c->evd);
+		signal_fd(c->local); /* a waiter looks again */
+	}
+	return 0;
 }
 
 EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
@@ -225,6 +286,12 @@ static void free_channel(struct cm_channel *c)
 {
 	pthread_mutex_lock(&mu);
 	channels--;
+	for (struct cm_channel **p = &chans; *p; p = &(*p)->next_chan) {
+		if (*p == c) {
+			*p = c->next_chan;
+			break;
+		}
+	}
 	pthread_mutex_unlock(&mu);
 	srn_evd_free(&c->evd);
 	close(c->ch.fd);
@@ -288,10 +355,11 @@ EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id,
 		return -1;
 	}
 	pthread_mutex_lock(&mu);
-	struct cm_id *i = new_id(c, context, ps);
+	int err = renew();
+	struct cm_id *i = err ? NULL : new_id(c, context, ps);
 	pthread_mutex_unlock(&mu);
 	if (!i) {
-		errno = ENOMEM;
+		errno = err ? err : ENOMEM;
 		return -1;
 	}
 	*id = &i->id;

@@ -5,10 +5,11 @@
  * test to kill the daemon; then every wait ends: each id hears
  * DEVICE_REMOVAL, the completion channel and ibv_poll_cq fail with EIO,
  * ibv_get_async_event gives IBV_EVENT_DEVICE_FATAL, posts fail, and
- * everything can be destroyed. It prints "removed" and waits for a line
- * on stdin, sent once a new daemon serves the same socket, then makes a
- * new channel and id, which the new daemon serves. Prints "ok" and exits
- * 0, or names what failed.
+ * everything can be destroyed but one channel, kept. It prints "removed"
+ * and waits for a line on stdin, sent once a new daemon serves the same
+ * socket; then the kept channel's new ids and a new channel's are the new
+ * daemon's: a request from one reaches the other's listener. Prints "ok"
+ * and exits 0, or names what failed.
  *
  *   daemondeath PORT
  */
@@ -160,20 +161,45 @@ int main(int argc, char **argv)
 	if (rdma_destroy_id(cli) || rdma_destroy_id(srv) || rdma_destroy_id(listener))
 		FAIL("rdma_destroy_id: %s", strerror(errno));
 	rdma_destroy_event_channel(sch);
-	rdma_destroy_event_channel(cch);
+	/* cch is kept, as a program that keeps its channel for its life */
 
 	printf("removed\n");
 	fflush(stdout);
 	line();
-	/* a new daemon on the socket: a new channel and id are its */
+	/* a new daemon on the socket: the kept channel's new ids are its, and
+	 * so are a new channel's; the daemon's events reach both */
 	struct rdma_event_channel *ch = rdma_create_event_channel();
-	struct rdma_cm_id *id;
-	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP))
-		FAIL("after the restart: channel/id: %s", strerror(errno));
-	if (rdma_bind_addr(id, (struct sockaddr *)&a) || rdma_listen(id, 4))
+	struct rdma_cm_id *lid, *cid;
+	if (!ch || rdma_create_id(cch, &lid, NULL, RDMA_PS_TCP) || rdma_create_id(ch, &cid, NULL, RDMA_PS_TCP))
+		FAIL("after the restart: channel/ids: %s", strerror(errno));
+	if (rdma_bind_addr(lid, (struct sockaddr *)&a) || rdma_listen(lid, 4))
 		FAIL("after the restart: bind/listen: %s", strerror(errno));
-	rdma_destroy_id(id);
+	if (rdma_resolve_addr(cid, NULL, (struct sockaddr *)&a, 2000))
+		FAIL("after the restart: resolve: %s", strerror(errno));
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	if (rdma_resolve_route(cid, 2000))
+		FAIL("after the restart: route");
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_ROUTE_RESOLVED));
+	struct ibv_pd *pd2 = ibv_alloc_pd(cid->verbs);
+	struct ibv_cq *cq2 = pd2 ? ibv_create_cq(cid->verbs, 16, NULL, NULL, 0) : NULL;
+	struct ibv_qp_init_attr qa2 = qa;
+	qa2.send_cq = qa2.recv_cq = cq2;
+	if (!cq2 || rdma_create_qp(cid, pd2, &qa2) || rdma_connect(cid, NULL))
+		FAIL("after the restart: connect: %s", strerror(errno));
+	struct rdma_cm_event *req2 = expect(cch, RDMA_CM_EVENT_CONNECT_REQUEST);
+	if (req2->listen_id != lid)
+		FAIL("after the restart: a request for another id");
+	if (rdma_reject(req2->id, NULL, 0))
+		FAIL("after the restart: reject: %s", strerror(errno));
+	rdma_ack_cm_event(req2);
+	rdma_ack_cm_event(expect(ch, RDMA_CM_EVENT_REJECTED));
+	rdma_destroy_qp(cid);
+	ibv_destroy_cq(cq2);
+	ibv_dealloc_pd(pd2);
+	rdma_destroy_id(cid);
+	rdma_destroy_id(lid);
 	rdma_destroy_event_channel(ch);
+	rdma_destroy_event_channel(cch);
 	printf("ok\n");
 	return 0;
 }
