@@ -615,11 +615,13 @@ func TestDaemonDeath(t *testing.T) {
 	}
 }
 
-// ibv_poll_cq on an empty CQ yields the processor only when the daemon's
-// datapath runs on the same CPU (it would otherwise wait out the
-// application's time slice); on a CPU of its own it makes no system call.
-// The daemon runs pinned to CPU 0 (its IA says so), the program on CPU 1,
-// then on CPU 0; testdata/pollyield.c counts the sched_yield calls.
+// ibv_poll_cq on an empty CQ yields the processor as $SOFTRNIC_POLL_YIELD
+// says: always by default (a daemon's poller, this one's or another's, may
+// share the CPU and would wait out the application's time slice); with
+// "daemon" only on a CPU the daemon's datapath runs on, and on any other
+// with no system call; with "never", never. The daemon runs pinned to
+// CPU 0 (its IA says so), the program on CPU 1 or 0;
+// testdata/pollyield.c counts the sched_yield calls.
 func TestPollYield(t *testing.T) {
 	taskset := testenv.RequireTool(t, "taskset")
 	if runtime.NumCPU() < 2 {
@@ -627,8 +629,13 @@ func TestPollYield(t *testing.T) {
 	}
 	sock := filepath.Join(t.TempDir(), "d.sock")
 	daemonProcess(t, sock, taskset, "-c", "0")
+	t.Setenv("SOFTRNIC_POLL_YIELD", "daemon")
 	runOK(t, "pollyield", sock, "1", "none")
 	runOK(t, "pollyield", sock, "0", "some")
+	t.Setenv("SOFTRNIC_POLL_YIELD", "never")
+	runOK(t, "pollyield", sock, "0", "none")
+	t.Setenv("SOFTRNIC_POLL_YIELD", "")
+	runOK(t, "pollyield", sock, "1", "some") // always, by default
 }
 
 // rdma_bind_addr reserves the port with the daemon: a second bind of it is

@@ -161,6 +161,28 @@ static int on_datapath_cpu(const struct srn_ia *ia)
 	return ia->cpus[c / 8] >> (c % 8) & 1;
 }
 
+/*
+ * Whether an empty ibv_poll_cq yields the processor, by
+ * $SOFTRNIC_POLL_YIELD: "always" (the default: on a host whose cores the
+ * programs share with the pollers, of this daemon or of another, a spin
+ * that never yields holds them off for a time slice); "daemon", only on a
+ * CPU the daemon's datapath runs on (a host with one daemon, its pollers
+ * pinned to cores of their own: elsewhere no system call); "never".
+ */
+enum { YIELD_ALWAYS, YIELD_DAEMON, YIELD_NEVER };
+
+static int poll_yield(void)
+{
+	static int mode = -1;
+	int m = __atomic_load_n(&mode, __ATOMIC_RELAXED);
+	if (m < 0) {
+		const char *e = getenv("SOFTRNIC_POLL_YIELD");
+		m = e && strcmp(e, "daemon") == 0 ? YIELD_DAEMON : e && strcmp(e, "never") == 0 ? YIELD_NEVER : YIELD_ALWAYS;
+		__atomic_store_n(&mode, m, __ATOMIC_RELAXED);
+	}
+	return m;
+}
+
 int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 {
 	struct srn_cq *q = to_cq(cq);
@@ -211,12 +233,11 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		errno = EIO;
 		return -1;
 	}
-	if (q->empty % SRN_YIELD_EVERY == 0 && on_datapath_cpu(&c->ia)) {
-		/* The work this completion waits for is the daemon's, which
-		 * shares this processor: a program that spins on an empty CQ
-		 * (perftest does) would hold it off for a time slice. On a
-		 * CPU of its own the poll makes no system call but the
-		 * check for a daemon gone, once in SRN_GONE_EVERY. */
+	int mode = poll_yield();
+	if (q->empty % SRN_YIELD_EVERY == 0 && (mode == YIELD_ALWAYS || (mode == YIELD_DAEMON && on_datapath_cpu(&c->ia)))) {
+		/* The work this completion waits for is a daemon's, which may
+		 * share this processor: a program that spins on an empty CQ
+		 * (perftest does) would hold it off for a time slice. */
 		sched_yield();
 	}
 	return 0;

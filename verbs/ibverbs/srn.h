@@ -499,10 +499,10 @@ struct srn_cq {
 	uint32_t empty;  /* polls in a row that found nothing */
 };
 
-/* ibv_poll_cq, on a CPU the daemon's datapath also runs on, yields the
- * processor after this many polls in a row find the CQ empty (cq.c): 1
- * measured best (hack/bench-verbs.sh: ib_write_bw 558 MB/s against 451
- * with 16, on a 2-core host). On any other CPU it never yields. */
+/* ibv_poll_cq yields the processor after this many polls in a row find
+ * the CQ empty (cq.c, as $SOFTRNIC_POLL_YIELD says): 1 measured best
+ * (hack/bench-verbs.sh: ib_write_bw 558 MB/s against 451 with 16, on a
+ * 2-core host). */
 #define SRN_YIELD_EVERY 1
 
 /* ibv_poll_cq asks whether the daemon has gone (srn_session_gone: one
