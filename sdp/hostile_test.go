@@ -207,14 +207,7 @@ func TestPeerBreaksTheProtocol(t *testing.T) {
 			}
 			p.send(t, msg(sdp.MIDData, 1, []byte("good")))
 			p.send(t, bad)
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			got, err := io.ReadAll(c)
-			if string(got) != "good" {
-				t.Errorf("read %q before the error, want %q", got, "good")
-			}
-			if !errors.Is(err, syscall.ECONNRESET) {
-				t.Errorf("read error %v, want a reset", err)
-			}
+			readThenReset(t, c, "good")
 		})
 	}
 }
@@ -230,16 +223,7 @@ func TestSilentAndHalfClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	accepted := make(chan net.Conn, 8)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
+	accepted := acceptAll(ln)
 	next := func(d time.Duration) net.Conn {
 		select {
 		case c := <-accepted:
@@ -1008,14 +992,7 @@ func TestPeerModeChangesWeCannotFollow(t *testing.T) {
 				}
 				mseq++
 			}
-			c.SetReadDeadline(time.Now().Add(10 * time.Second))
-			got, err := io.ReadAll(c)
-			if string(got) != "good" {
-				t.Errorf("read %q before the error, want %q", got, "good")
-			}
-			if !errors.Is(err, syscall.ECONNRESET) {
-				t.Errorf("read error %v, want a reset", err)
-			}
+			readThenReset(t, c, "good")
 		})
 	}
 }
@@ -1287,4 +1264,33 @@ func TestDialRefusesHelloAckOfAnotherVersion(t *testing.T) {
 		}
 		r.c.Close()
 	}
+}
+
+// readThenReset reads c to its end, which must be want and then a reset.
+func readThenReset(t *testing.T, c net.Conn, want string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := io.ReadAll(c)
+	if string(got) != want {
+		t.Errorf("read %q before the error, want %q", got, want)
+	}
+	if !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("read error %v, want a reset", err)
+	}
+}
+
+// acceptAll accepts ln's connections until it is closed, into the channel
+// it returns.
+func acceptAll(ln net.Listener) chan net.Conn {
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	return accepted
 }

@@ -332,16 +332,7 @@ func TestListenerRefusesWhatItWillNotOffload(t *testing.T) {
 	deny := &sdp.Policy{Deny: []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}}
 	ln := sdp.NewListener(tl, sdp.ListenConfig{Socket: sock, Policy: deny, DetectTimeout: 100 * time.Millisecond})
 	defer ln.Close()
-	accepted := make(chan net.Conn, 8)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			accepted <- c
-		}
-	}()
+	accepted := acceptAll(ln)
 	firstOctets := func(what string, want string) {
 		t.Helper()
 		select {

@@ -23,23 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                                      \
-	do {                                                                                                           \
-		fprintf(stderr, "line %d: ", __LINE__);                                                                \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, "\n");                                                                                 \
-		exit(1);                                                                                               \
-	} while (0)
-
-static struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct rdma_cm_event *e;
-	if (rdma_get_cm_event(ch, &e))
-		FAIL("rdma_get_cm_event: %s", strerror(errno));
-	if (e->event != want)
-		FAIL("event %s (status %d), want %s", rdma_event_str(e->event), e->status, rdma_event_str(want));
-	return e;
-}
+#include "check.h"
 
 static struct ibv_comp_channel *cc;
 static int cq_wait_errno;

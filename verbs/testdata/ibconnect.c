@@ -21,13 +21,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define FAIL(...)                                                                                                      \
-	do {                                                                                                           \
-		fprintf(stderr, "line %d: ", __LINE__);                                                                \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, "\n");                                                                                 \
-		exit(1);                                                                                               \
-	} while (0)
+#include "check.h"
 
 static struct ibv_wc wait_wc(struct ibv_cq *cq)
 {

@@ -21,13 +21,7 @@
 #include <sys/syscall.h>
 #include <sys/ucontext.h>
 
-#define FAIL(...)                                                                                                      \
-	do {                                                                                                           \
-		fprintf(stderr, "line %d: ", __LINE__);                                                                \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, "\n");                                                                                 \
-		exit(1);                                                                                               \
-	} while (0)
+#include "check.h"
 
 enum { POLLS = 10000 };
 

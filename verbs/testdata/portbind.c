@@ -13,13 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define FAIL(...)                                                                                                      \
-	do {                                                                                                           \
-		fprintf(stderr, "line %d: ", __LINE__);                                                                \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, "\n");                                                                                 \
-		exit(1);                                                                                               \
-	} while (0)
+#include "check.h"
 
 static struct rdma_event_channel *ch;
 

@@ -11,13 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define FAIL(...)                                                                                                      \
-	do {                                                                                                           \
-		fprintf(stderr, "line %d: ", __LINE__);                                                                \
-		fprintf(stderr, __VA_ARGS__);                                                                          \
-		fprintf(stderr, "\n");                                                                                 \
-		exit(1);                                                                                               \
-	} while (0)
+#include "check.h"
 
 int main(void)
 {
