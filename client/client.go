@@ -249,14 +249,19 @@ func (ia *IA) call(op ctl.Op, req any, fds []*os.File, reply any) ([]*os.File, e
 	if err != nil {
 		return nil, err
 	}
+	// The session is the daemon's to end, not ours (ia.closed): a
+	// request it can no longer take means it went away, which Gone says
+	// from now on, before the watcher may have seen the hang-up.
 	if _, _, err := ia.conn.WriteMsgUnix(msg, fdpass.Rights(fds), nil); err != nil {
-		return nil, fmt.Errorf("%v: %w: %v", op, ErrClosed, err)
+		ia.gone.Store(true)
+		return nil, fmt.Errorf("%v: %w: %v", op, ErrDaemonGone, err)
 	}
 	buf := make([]byte, ctl.MaxMessage)
 	oob := make([]byte, fdpass.OOBSpace(4))
 	n, oobn, _, _, err := ia.conn.ReadMsgUnix(buf, oob)
 	if err != nil || n == 0 {
-		return nil, fmt.Errorf("%v: %w", op, ErrClosed)
+		ia.gone.Store(true)
+		return nil, fmt.Errorf("%v: %w", op, ErrDaemonGone)
 	}
 	files := fdpass.Parse(oob[:oobn], "softrnic")
 	h, body, err := ctl.ParseHeader(buf[:n])

@@ -78,11 +78,16 @@ const openTimeout = 30 * time.Second
 func getTransport(ctx context.Context, socket string) (*transport, error) {
 	transports.mu.Lock()
 	o := transports.m[socket]
+	var gone *client.IA
 	if o != nil {
 		select {
 		case <-o.done:
-			if o.err != nil || o.t.ia.Gone() {
+			if o.err != nil {
 				o = nil
+			} else if o.t.ia.Gone() {
+				// Its connections have all failed; its descriptors
+				// would stay open for the life of the process.
+				gone, o = o.t.ia, nil
 			}
 		default: // being opened
 		}
@@ -96,6 +101,9 @@ func getTransport(ctx context.Context, socket string) (*transport, error) {
 		go o.open(socket)
 	}
 	transports.mu.Unlock()
+	if gone != nil {
+		gone.Close()
+	}
 	select {
 	case <-o.done:
 		if o.err != nil {
@@ -104,6 +112,23 @@ func getTransport(ctx context.Context, socket string) (*transport, error) {
 		return o.t, nil
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+}
+
+// openConn is newConn on the session with the daemon at socket. A
+// session found gone only now, by this connection's first request (the
+// daemon restarted since the last connection), is opened again once.
+func openConn(ctx context.Context, socket string, zcopyThreshold int, pollFor time.Duration) (*transport, *Conn, error) {
+	for try := 0; ; try++ {
+		t, err := getTransport(ctx, socket)
+		if err != nil {
+			return nil, nil, err
+		}
+		c, err := newConn(t, zcopyThreshold, pollFor)
+		if err != nil && try == 0 && t.ia.Gone() {
+			continue
+		}
+		return t, c, err
 	}
 }
 
@@ -301,11 +326,7 @@ func (d *Dialer) dialSDP(ctx context.Context, network, address string) (*Conn, e
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}
-	t, err := getTransport(ctx, sock)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
-	}
-	c, err := newConn(t, d.ZcopyThreshold, d.PollFor)
+	t, c, err := openConn(ctx, sock, d.ZcopyThreshold, d.PollFor)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrNoOffload, err)
 	}

@@ -329,11 +329,7 @@ func (l *Listener) serveSDP(tc *net.TCPConn) (_ *Conn, handed bool, _ error) {
 	if err != nil {
 		return nil, false, err
 	}
-	t, err := getTransport(ctx, sock)
-	if err != nil {
-		return nil, false, err
-	}
-	c, err := newConn(t, l.cfg.ZcopyThreshold, l.cfg.PollFor)
+	t, c, err := openConn(ctx, sock, l.cfg.ZcopyThreshold, l.cfg.PollFor)
 	if err != nil {
 		return nil, false, err
 	}

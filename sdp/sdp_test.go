@@ -39,13 +39,20 @@ func startServer(t testing.TB) (string, *daemon.Server) {
 	// daemon's Close and the connections', listeners' Close before it.
 	leakcheck.Check(t)
 	sock := filepath.Join(t.TempDir(), "lo.sock")
+	return sock, serveAt(t, sock)
+}
+
+// serveAt runs a softrnicd on loopback at socket sock, until the test ends
+// or the caller closes it.
+func serveAt(t testing.TB, sock string) *daemon.Server {
+	t.Helper()
 	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatalf("daemon: %v", err)
 	}
 	go d.Serve()
 	t.Cleanup(func() { d.Close() })
-	return sock, d
+	return d
 }
 
 // pair returns a dialed and an accepted connection of ln.
@@ -427,6 +434,54 @@ func stuckDaemon(t *testing.T) (path string, count func() int, release func()) {
 	}
 	t.Cleanup(release)
 	return path, func() int { mu.Lock(); defer mu.Unlock(); return n }, release
+}
+
+// A daemon that goes away and comes back at the same socket serves the
+// next Dial, even one made before the session with the daemon gone has
+// seen the hang-up; and the session with the one gone is closed, not kept: a
+// program that outlives many restarts of its daemon holds no descriptor
+// for each of them.
+func TestDaemonRestartsLeaveNoSession(t *testing.T) {
+	leakcheck.Check(t)
+	sock := filepath.Join(t.TempDir(), "lo.sock")
+	cycle := func() {
+		t.Helper()
+		d := serveAt(t, sock)
+		ln := listen(t, sock)
+		accepted := make(chan net.Conn, 1)
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					close(accepted)
+					return
+				}
+				accepted <- c
+			}
+		}()
+		// The session with the daemon before learns that it is gone
+		// from the Dial's first request, which then opens a new one.
+		c, err := (&sdp.Dialer{Socket: sock, NoFallback: true, HelloTimeout: 20 * time.Second}).DialContext(context.Background(), "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatalf("no SDP connection through the restarted daemon: %v", err)
+		}
+		c.Close()
+		(<-accepted).Close()
+		ln.Close()
+		for range accepted {
+		}
+		d.Close()
+	}
+	cycle()
+	cycle()
+	before := openFDs(t)
+	const restarts = 6
+	for range restarts {
+		cycle()
+	}
+	if grown := openFDs(t) - before; grown >= restarts {
+		t.Fatalf("%d descriptors more after %d restarts of the daemon: the sessions with the daemons gone are kept", grown, restarts)
+	}
 }
 
 // A daemon that never answers holds up the Dials through it only: one
