@@ -115,11 +115,27 @@ func bindTCP(addr netip.Addr, port uint16) (int, uint16, error) {
 // ip_unprivileged_port_start, 1024 unless set) to a client process that
 // could not bind it itself, as the kernel's RDMA-CM refuses it: the daemon
 // binds and listens as root, for whoever asks.
-// The capability counts only in a user namespace that owns the daemon's
-// network namespace or is an ancestor of the one that does, as the kernel
-// checks it (ns_capable on the network namespace's owner): a process in a
-// user namespace of its own has every capability there, over nothing of
-// the host's.
+//
+// The kernel checks the capability of the process that calls, when it
+// calls; the daemon reads it off /proc after the request came, which is
+// only the same while the process that sent the request runs the program
+// it ran then. So:
+//   - the request must come from the session's own process (the kernel's
+//     SCM_CREDENTIALS), not a child or any process it passed the socket
+//     to, which could have it sent after the session's process exec'd a
+//     privileged program;
+//   - that process's program must not be one that grants privilege by
+//     exec (set-user-ID, set-group-ID, file capabilities) unless the
+//     process was root when it connected: else its capabilities may be
+//     the exec's, newer than the request. The program is read before and
+//     after the capabilities, so an exec between is seen. (A program that
+//     holds CAP_NET_BIND_SERVICE by file capabilities is therefore
+//     refused; give it as an ambient capability, or run it as root.)
+//   - the capability counts only in a user namespace that owns the
+//     daemon's network namespace or is an ancestor of the one that does,
+//     as the kernel checks it (ns_capable on the network namespace's
+//     owner): a process in a user namespace of its own has every
+//     capability there, over nothing of the host's.
 func (s *session) mayBind(port uint16) error {
 	if port == 0 || uint32(port) >= unprivilegedPortStart() {
 		return nil
@@ -127,7 +143,14 @@ func (s *session) mayBind(port uint16) error {
 	refuse := func(why string) error {
 		return fail(ctl.ProtectionViolation, "port %d is privileged, and process %d may not bind it: %s", port, s.cred.Pid, why)
 	}
+	if s.sender == nil || s.sender.Pid != s.cred.Pid {
+		return refuse("the request was not sent by the process that opened the session")
+	}
 	proc := fmt.Sprintf("/proc/%d", s.cred.Pid)
+	before, err := exeOf(proc)
+	if err != nil {
+		return refuse(err.Error())
+	}
 	status, err := os.ReadFile(proc + "/status")
 	if err != nil || !hasCapability(string(status), unix.CAP_NET_BIND_SERVICE) {
 		return refuse("no CAP_NET_BIND_SERVICE")
@@ -135,6 +158,13 @@ func (s *session) mayBind(port uint16) error {
 	var user unix.Stat_t
 	if err := unix.Stat(proc+"/ns/user", &user); err != nil {
 		return refuse(err.Error())
+	}
+	after, err := exeOf(proc)
+	if err != nil || after != before {
+		return refuse("it ran another program while the daemon looked")
+	}
+	if before.privileged && s.cred.Uid != 0 {
+		return refuse("its program is set-user-ID, set-group-ID or has file capabilities, so its capabilities may be newer than its request")
 	}
 	// The PID was read before the process could exit and its PID go to
 	// another: what was read is the session's process's only if it
@@ -146,6 +176,26 @@ func (s *session) mayBind(port uint16) error {
 		return refuse("its capability is in a user namespace that does not own the daemon's network namespace")
 	}
 	return nil
+}
+
+// exe is the program a process runs: its file, and whether executing it
+// grants privilege.
+type exe struct {
+	dev, ino   uint64
+	privileged bool // set-user-ID, set-group-ID, or file capabilities
+}
+
+// exeOf is the program of the process whose /proc directory is proc.
+func exeOf(proc string) (exe, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(proc+"/exe", &st); err != nil {
+		return exe{}, fmt.Errorf("its program: %w", err)
+	}
+	e := exe{dev: st.Dev, ino: st.Ino, privileged: st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0}
+	if _, err := unix.Getxattr(proc+"/exe", "security.capability", nil); err == nil || !(errors.Is(err, unix.ENODATA) || errors.Is(err, unix.EOPNOTSUPP)) {
+		e.privileged = true // capabilities, or they cannot be read: as if
+	}
+	return e, nil
 }
 
 // exited says whether the process of a pidfd has exited (the pidfd reads

@@ -354,6 +354,10 @@ func (s *Server) Serve() error {
 			continue
 		}
 		pidfd := peerPidfd(c, cred)
+		// Each request then says which process sent it (mayBind).
+		if err := passCred(c); err != nil {
+			s.log.Warn("session without SO_PASSCRED: privileged ports refused", "pid", cred.Pid, "err", err)
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -395,6 +399,20 @@ func peerCred(c *net.UnixConn) (*unix.Ucred, error) {
 		return nil, err
 	}
 	return cred, cerr
+}
+
+// passCred sets SO_PASSCRED on c: the kernel attaches the sender's
+// credentials to every message received after.
+func passCred(c *net.UnixConn) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_PASSCRED, 1) }); err != nil {
+		return err
+	}
+	return serr
 }
 
 // peerPidfd is a pidfd of the process that connected c, as cred names it,

@@ -44,6 +44,11 @@ type session struct {
 	// pidfd names the process that connected (peerPidfd), nil if none;
 	// the session's until its end.
 	pidfd *os.File
+	// sender is the process that sent the request being served, as the
+	// kernel says it (SCM_CREDENTIALS: the socket has SO_PASSCRED), nil
+	// if the message came without (sent before the option was set). Set
+	// by run before each dispatch; only the handlers read it.
+	sender *unix.Ucred
 
 	mu      sync.Mutex
 	objects map[uint32]any
@@ -134,13 +139,14 @@ func (s *session) run() {
 	go s.poll()
 	go s.doorbellLoop()
 	buf := make([]byte, ctl.MaxMessage)
-	oob := make([]byte, fdpass.OOBSpace(maxFDs))
+	oob := make([]byte, fdpass.OOBSpace(maxFDs)+unix.CmsgSpace(unix.SizeofUcred))
 	for {
 		n, oobn, _, _, err := s.conn.ReadMsgUnix(buf, oob)
 		if err != nil || n == 0 {
 			break
 		}
 		fds := fdpass.Parse(oob[:oobn], "passed")
+		s.sender = fdpass.Sender(oob[:oobn])
 		reply, out, herr := s.dispatch(buf[:n], fds)
 		for _, f := range fds {
 			f.Close() // handlers dup what they keep

@@ -43,3 +43,19 @@ func Parse(oob []byte, name string) []*os.File {
 	}
 	return out
 }
+
+// Sender is the credentials the kernel attached to a message received on
+// a socket with SO_PASSCRED (SCM_CREDENTIALS: the sending process, its
+// real user and group, in the receiver's namespaces), nil if none came.
+func Sender(oob []byte) *unix.Ucred {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	for _, m := range msgs {
+		if c, err := unix.ParseUnixCredentials(&m); err == nil {
+			return c
+		}
+	}
+	return nil
+}
