@@ -118,8 +118,16 @@ func (m *MR) Revalidate() { m.invalid.Store(false) }
 // returns nil no placement can touch Buf, so the owner may unmap it.
 func (m *MR) Deregister() error {
 	// Not while a trim works on the shadow: once this returns nil the
-	// owner may unmap it.
-	m.shadowMu.Lock()
+	// owner may unmap it. A fetch holds the lock too, but also holds the
+	// region: that is busy at once, never a wait on the fetch's read of
+	// the process (which may block, on a FUSE mapping say), with the
+	// caller's session locked.
+	if !m.shadowMu.TryLock() {
+		if m.inflight.Load() > 0 {
+			return ErrBusy
+		}
+		m.shadowMu.Lock() // a trim: memory only
+	}
 	defer m.shadowMu.Unlock()
 	if m.inflight.Load() > 0 {
 		return ErrBusy

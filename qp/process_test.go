@@ -583,3 +583,32 @@ func TestProcessShadowTrimAfterDeregister(t *testing.T) {
 	}
 	runtime.KeepAlive(host)
 }
+
+// Deregister of a region whose fetch is under way is busy at once: it does
+// not wait for the fetch, whose read of the process may block (a FUSE
+// mapping), while its caller holds the session's lock. (The fetch is
+// stood for by its hold and its share of shadowMu.)
+func TestDeregisterDuringFetchIsBusy(t *testing.T) {
+	m := &MR{Buf: make([]byte, 4096)}
+	if !m.hold() {
+		t.Fatal("hold")
+	}
+	m.shadowMu.RLock()
+	errc := make(chan error, 1)
+	go func() { errc <- m.Deregister() }()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrBusy) {
+			t.Fatalf("Deregister during a fetch: %v, want ErrBusy", err)
+		}
+	case <-time.After(10 * time.Second):
+		m.shadowMu.RUnlock()
+		<-errc
+		t.Fatal("Deregister waited for the fetch")
+	}
+	m.shadowMu.RUnlock()
+	m.release()
+	if err := m.Deregister(); err != nil {
+		t.Fatalf("Deregister after the fetch: %v", err)
+	}
+}
