@@ -69,25 +69,28 @@ func TestPrivilegedPortNotThroughExec(t *testing.T) {
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), privHelper+"=parent", "SRN_SOCK="+sock, "SRN_SUID="+suid, "SRN_PORT="+strconv.Itoa(port))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	var out strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &out
+	outFile, err := os.Create(filepath.Join(dir, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer outFile.Close()
+	cmd.Stdout, cmd.Stderr = outFile, outFile
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() { cmd.Wait(); close(done) }()
 	defer func() { cmd.Process.Kill(); <-done }()
+	out := func() string { b, _ := os.ReadFile(outFile.Name()); return string(b) }
 	deadline := time.After(60 * time.Second)
-	for !strings.Contains(out.String(), "child: ") {
+	for !strings.Contains(out(), "child: ") {
 		select {
 		case <-deadline:
-			t.Fatalf("no answer from the child in 60 s:\n%s", out.String())
+			t.Fatalf("no answer from the child in 60 s:\n%s", out())
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-	// (out is written by the helpers only until the child's one line.)
-	time.Sleep(100 * time.Millisecond)
-	got := out.String()
+	got := out()
 	if !strings.Contains(got, "child: after exec: "+ctl.ProtectionViolation.String()) {
 		t.Fatalf("an unprivileged process's child asked for privileged port %d after the process exec'd a set-user-ID program:\n%s", port, got)
 	}
