@@ -28,6 +28,13 @@ int srn_evd_create(struct srn_session *s, uint32_t depth, uint8_t flags, struct 
 	if (got != sizeof(reply) || nfds != 1) {
 		if (nfds)
 			close(fd);
+		if (got == sizeof(reply)) {
+			/* made, but its eventfd was lost (the process is out of
+			 * descriptors): the daemon frees it now, not at close */
+			uint8_t b[4];
+			memcpy(b, reply, 4);
+			srn_call(s, SRN_OP_FREE_EVD, b, 4, NULL, 0, NULL);
+		}
 		return EPROTO;
 	}
 	memset(e, 0, sizeof(*e));

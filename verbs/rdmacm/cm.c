@@ -234,13 +234,17 @@ out:
  * channel's EVD is made anew on the new session; its eventfd takes the
  * old one's descriptor number (dup2), so that a thread about to read it
  * reads the new one, never a descriptor the number was given to since.
+ * Every new EVD is made before any channel is moved: when one cannot be,
+ * none is, the new context is closed and the next call tries again,
+ * rather than some channels left for ever on the old session's EVDs.
  * mu held; 0 or an errno value.
  */
 static int renew(void)
 {
 	if (!verbs || !srn_session_gone(&ctx()->sess))
 		return 0;
-	for (struct cm_channel *c = chans; c; c = c->next_chan)
+	int n = 0;
+	for (struct cm_channel *c = chans; c; c = c->next_chan, n++)
 		if (c->ids)
 			return ENODEV; /* the old context is still some id's */
 	struct ibv_context *old = verbs;
@@ -251,29 +255,47 @@ static int renew(void)
 		verbs = old;
 		return e;
 	}
-	for (struct cm_channel *c = chans; c; c = c->next_chan) {
-		struct srn_evd fresh;
-		int err = srn_evd_create(&ctx()->sess, EVD_DEPTH, SRN_EVD_CONNECTION | SRN_EVD_CR, &fresh);
-		if (err)
-			return err;
-		if (dup2(fresh.notify, c->evd.notify) < 0) {
-			err = errno;
-			srn_evd_free(&fresh);
-			return err;
+	struct srn_evd *fresh = calloc(n ? n : 1, sizeof(*fresh));
+	int err = fresh ? 0 : ENOMEM, made = 0;
+	for (; !err && made < n; made++)
+		err = srn_evd_create(&ctx()->sess, EVD_DEPTH, SRN_EVD_CONNECTION | SRN_EVD_CR, &fresh[made]);
+	if (err) {
+		if (made > 0)
+			made--; /* the one that failed was not made */
+		while (made > 0)
+			srn_evd_free(&fresh[--made]);
+		free(fresh);
+		ibv_close_device(verbs); /* nothing holds it yet: mu was held since it opened */
+		verbs = old;
+		return err;
+	}
+	/* Commit. The old eventfd's file left the epoll set when dup2
+	 * closed it, so the new one is added. What fails here (dup2 for an
+	 * interrupt, epoll_ctl for lack of memory) is reported; each waiter
+	 * is woken through the channel's own eventfd and looks again. */
+	int i = 0;
+	for (struct cm_channel *c = chans; c; c = c->next_chan, i++) {
+		struct srn_evd *f = &fresh[i];
+		if (dup2(f->notify, c->evd.notify) >= 0) {
+			close(f->notify);
+			f->notify = c->evd.notify;
+		} else {
+			err = err ? err : errno; /* the old number stays open, unsignalled */
 		}
-		close(fresh.notify);
-		fresh.notify = c->evd.notify;
-		pthread_spin_destroy(&c->evd.lock);
-		c->evd = fresh;
-		struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, hup = {.events = EPOLLRDHUP, .data.u32 = 2};
+		struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0};
+		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, f->notify, &a) < 0 && !err)
+			err = errno;
+		pthread_spin_destroy(&c->evd.lock); /* the old EVD: its ring was the old session's */
+		c->evd = *f;
+		struct epoll_event hup = {.events = EPOLLRDHUP, .data.u32 = 2};
 		epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, old_fd, NULL);
-		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, c->evd.notify, &a) < 0 ||
-		    epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0)
-			return errno;
+		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0 && !err)
+			err = errno;
 		srn_evd_arm(&c->evd);
 		signal_fd(c->local); /* a waiter looks again */
 	}
-	return 0;
+	free(fresh);
+	return err;
 }
 
 EXPORT struct rdma_event_channel *rdma_create_event_channel(void)

@@ -5,11 +5,14 @@
  * test to kill the daemon; then every wait ends: each id hears
  * DEVICE_REMOVAL, the completion channel and ibv_poll_cq fail with EIO,
  * ibv_get_async_event gives IBV_EVENT_DEVICE_FATAL, posts fail, and
- * everything can be destroyed but one channel, kept. It prints "removed"
- * and waits for a line on stdin, sent once a new daemon serves the same
- * socket; then the kept channel's new ids and a new channel's are the new
- * daemon's: a request from one reaches the other's listener. Prints "ok"
- * and exits 0, or names what failed.
+ * everything can be destroyed but the two channels, kept. It prints
+ * "removed" and waits for a line on stdin, sent once a new daemon serves
+ * the same socket; then, with the process short of descriptors so that
+ * moving the channels to the new daemon fails part way, each try fails
+ * whole and a later one, with descriptors to spare, moves both: the kept
+ * channels' new ids and a new channel's are the new daemon's, a request
+ * from one reaches the other's listener. Prints "ok" and exits 0, or
+ * names what failed.
  *
  *   daemondeath PORT
  */
@@ -144,17 +147,48 @@ int main(int argc, char **argv)
 		FAIL("destroy cq/channel/pd: %s", strerror(errno));
 	if (rdma_destroy_id(cli) || rdma_destroy_id(srv) || rdma_destroy_id(listener))
 		FAIL("rdma_destroy_id: %s", strerror(errno));
-	rdma_destroy_event_channel(sch);
-	/* cch is kept, as a program that keeps its channel for its life */
+	/* sch and cch are kept, as a program that keeps its channels for its
+	 * life */
 
 	printf("removed\n");
 	fflush(stdout);
 	line();
-	/* a new daemon on the socket: the kept channel's new ids are its, and
-	 * so are a new channel's; the daemon's events reach both */
+	/* a new daemon on the socket. Short of descriptors, the move to it
+	 * fails at some point for each number spared: the new session, an
+	 * EVD of the first channel moved, of the second; whatever failed,
+	 * a try with more to spare must move both. */
+	struct rdma_cm_id *lid, *cid, *kid;
+	static int filler[65536];
+	int moved = 0;
+	for (int spare = 0; spare < 64 && !moved; spare++) {
+		int n = 0;
+		while (n < (int)(sizeof(filler) / sizeof(filler[0])) && (filler[n] = dup(0)) >= 0)
+			n++;
+		if (errno != EMFILE)
+			FAIL("filling the descriptor table: %s", strerror(errno));
+		for (int k = 0; k < spare && n > 0; k++)
+			close(filler[--n]);
+		moved = rdma_create_id(cch, &lid, NULL, RDMA_PS_TCP) == 0;
+		int err = errno;
+		while (n > 0)
+			close(filler[--n]);
+		if (!moved && err == 0)
+			FAIL("after the restart, short of descriptors: a failure with no errno");
+	}
+	if (!moved)
+		FAIL("after the restart: no id with 64 descriptors to spare");
+	/* the kept channels' events are the new daemon's: the second's id
+	 * resolves an address */
+	if (rdma_create_id(sch, &kid, NULL, RDMA_PS_TCP) || rdma_resolve_addr(kid, NULL, (struct sockaddr *)&a, 2000))
+		FAIL("after the restart: the second kept channel's id: %s", strerror(errno));
+	struct pollfd kp = {.fd = sch->fd, .events = POLLIN};
+	if (poll(&kp, 1, 20000) != 1)
+		FAIL("after the restart: no event on the second kept channel in 20 s");
+	rdma_ack_cm_event(expect(sch, RDMA_CM_EVENT_ADDR_RESOLVED));
+	rdma_destroy_id(kid);
+	/* and so are a new channel's; the daemon's events reach both */
 	struct rdma_event_channel *ch = rdma_create_event_channel();
-	struct rdma_cm_id *lid, *cid;
-	if (!ch || rdma_create_id(cch, &lid, NULL, RDMA_PS_TCP) || rdma_create_id(ch, &cid, NULL, RDMA_PS_TCP))
+	if (!ch || rdma_create_id(ch, &cid, NULL, RDMA_PS_TCP))
 		FAIL("after the restart: channel/ids: %s", strerror(errno));
 	if (rdma_bind_addr(lid, (struct sockaddr *)&a) || rdma_listen(lid, 4))
 		FAIL("after the restart: bind/listen: %s", strerror(errno));
@@ -184,6 +218,7 @@ int main(int argc, char **argv)
 	rdma_destroy_id(lid);
 	rdma_destroy_event_channel(ch);
 	rdma_destroy_event_channel(cch);
+	rdma_destroy_event_channel(sch);
 	printf("ok\n");
 	return 0;
 }
