@@ -40,12 +40,13 @@ func TestFindSocket(t *testing.T) {
 		}
 		return string(out)
 	}
-	listen := func(name string) {
+	listen := func(name string) net.Listener {
 		l, err := net.Listen("unixpacket", filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { l.Close() })
+		return l
 	}
 	if out := run(); !strings.Contains(out, "error: no softrnicd socket in /run/softrnic") {
 		t.Errorf("none: %s", out)
@@ -53,7 +54,7 @@ func TestFindSocket(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "plain.sock"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	listen("veth0.sock")
+	veth0 := listen("veth0.sock")
 	if out := run(); !strings.Contains(out, "found: /run/softrnic/veth0.sock") {
 		t.Errorf("one, beside a file that is not a socket: %s", out)
 	}
@@ -66,6 +67,18 @@ func TestFindSocket(t *testing.T) {
 	if out := run(); !strings.Contains(out, "found: /run/softrnic/veth0.sock") {
 		t.Errorf("one live, one left by a daemon killed: %s", out)
 	}
+	// a daemon too busy to accept, its backlog full, is alive: the probe
+	// neither waits for it nor passes it over
+	veth0.Close()
+	closeFull := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
+	if out := run(); !strings.Contains(out, "found: /run/softrnic/full.sock") {
+		t.Errorf("one live with its backlog full, one left by a daemon killed: %s", out)
+	}
+	closeFull()
+	if out := run(); !strings.Contains(out, "error: 2 sockets in /run/softrnic and no softrnicd answers on any") {
+		t.Errorf("two sockets, no daemon: %s", out)
+	}
+	listen("veth0.sock")
 	listen("veth1.sock")
 	if out := run(); !strings.Contains(out, "error: 2 softrnicd sockets in /run/softrnic") {
 		t.Errorf("two: %s", out)

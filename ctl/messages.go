@@ -1,12 +1,14 @@
 package ctl
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // SocketDir is where daemons put their sockets by default.
@@ -30,23 +32,37 @@ func FindSocket() (string, error) {
 			socks = append(socks, f)
 		}
 	}
-	if len(socks) > 1 {
+	all := len(socks)
+	if all > 1 {
 		live := socks[:0]
 		for _, f := range socks {
-			if c, err := net.Dial("unixpacket", f); err == nil {
-				c.Close()
+			if answers(f) {
 				live = append(live, f)
 			}
 		}
 		socks = live
 	}
-	switch len(socks) {
-	case 1:
+	switch {
+	case len(socks) == 1:
 		return socks[0], nil
-	case 0:
+	case all > 1 && len(socks) == 0:
+		return "", fmt.Errorf("%d sockets in %s and no softrnicd answers on any: is the daemon running? (name its socket to choose another)", all, SocketDir)
+	case len(socks) == 0:
 		return "", fmt.Errorf("no softrnicd socket in %s: is the daemon running? (name its socket to choose another)", SocketDir)
 	}
 	return "", fmt.Errorf("%d softrnicd sockets in %s (%s): name the one to use", len(socks), SocketDir, strings.Join(socks, ", "))
+}
+
+// answers says whether a daemon listens on the socket at path. A daemon
+// whose backlog is full (EAGAIN: the connect does not wait) is alive, only
+// busy.
+func answers(path string) bool {
+	c, err := net.Dial("unixpacket", path)
+	if err == nil {
+		c.Close()
+		return true
+	}
+	return errors.Is(err, syscall.EAGAIN)
 }
 
 // Op names a request (and its reply).

@@ -3,6 +3,7 @@ package verbs
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -231,13 +232,21 @@ func TestDefaultSocket(t *testing.T) {
 	if err := os.MkdirAll("/run/softrnic", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	run := func() string {
-		cmd := exec.Command(unshare, "--mount", "--propagation", "private", "sh", "-c",
+	runIn := func(dir string) string {
+		// a probe that waits (on a daemon too busy to accept) is a
+		// failure, not a hang
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, unshare, "--mount", "--propagation", "private", "sh", "-c",
 			`mount --bind "$1" /run/softrnic && exec "$2"`, "sh", dir, devinfo)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "LD_LIBRARY_PATH=" + lib}
 		out, _ := cmd.CombinedOutput()
+		if ctx.Err() != nil {
+			return "timed out: " + string(out)
+		}
 		return string(out)
 	}
+	run := func() string { return runIn(dir) }
 	if out := run(); !strings.Contains(out, "hca_id:\tsoftrnic0") {
 		t.Errorf("with one daemon in /run/softrnic, ibv_devinfo does not find it:\n%s", out)
 	}
@@ -251,6 +260,26 @@ func TestDefaultSocket(t *testing.T) {
 	if out := run(); !strings.Contains(out, "hca_id:\tsoftrnic0") {
 		t.Errorf("with one daemon in /run/softrnic and a stale socket, ibv_devinfo does not find it:\n%s", out)
 	}
+	// sockets and no daemon: said, not silent
+	empty := t.TempDir()
+	for _, name := range []string{"a.sock", "b.sock"} {
+		l, err := net.ListenUnix("unixpacket", &net.UnixAddr{Name: filepath.Join(empty, name), Net: "unixpacket"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.SetUnlinkOnClose(false)
+		l.Close()
+	}
+	if out := runIn(empty); !strings.Contains(out, "2 sockets in /run/softrnic and no daemon answers on any") {
+		t.Errorf("with two sockets and no daemon in /run/softrnic:\n%s", out)
+	}
+	// a daemon too busy to accept, its backlog full, answers: neither
+	// passed over nor waited for
+	closeFull := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
+	if out := run(); !strings.Contains(out, "2 daemons answer in /run/softrnic; set SOFTRNIC_SOCKET") {
+		t.Errorf("with a daemon and one whose backlog is full in /run/softrnic:\n%s", out)
+	}
+	closeFull()
 	startDaemonWith(t, daemon.Options{Socket: filepath.Join(dir, "e.sock")})
 	if out := run(); !strings.Contains(out, "No IB devices found") || !strings.Contains(out, "2 daemons answer in /run/softrnic; set SOFTRNIC_SOCKET") {
 		t.Errorf("with two daemons in /run/softrnic:\n%s", out)
@@ -513,6 +542,15 @@ func compile(t *testing.T, name string) (bin, lib string) {
 // daemon at sock, and wants "ok" of it within 60 s.
 func runOK(t *testing.T, name, sock string, args ...string) {
 	t.Helper()
+	if out := runProgram(t, name, sock, args...); out != "ok\n" {
+		t.Fatalf("%s:\n%s", name, out)
+	}
+}
+
+// runProgram runs testdata/NAME.c's program as runOK does and returns what
+// it wrote on stdout and stderr, once it has exited 0.
+func runProgram(t *testing.T, name, sock string, args ...string) string {
+	t.Helper()
 	bin, lib := compile(t, name)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+lib, "SOFTRNIC_SOCKET="+sock)
@@ -524,9 +562,10 @@ func runOK(t *testing.T, name, sock string, args ...string) {
 		<-done
 		t.Fatalf("%s hung for 60 s:\n%s", name, out)
 	}
-	if err != nil || string(out) != "ok\n" {
+	if err != nil {
 		t.Fatalf("%s: %v\n%s", name, err, out)
 	}
+	return string(out)
 }
 
 // daemonProcess runs the test binary as a daemon (TestMain) serving at
@@ -621,7 +660,8 @@ func TestDaemonDeath(t *testing.T) {
 // "daemon" only on a CPU the daemon's datapath runs on, and on any other
 // with no system call; with "never", never. The daemon runs pinned to
 // CPU 0 (its IA says so), the program on CPU 1 or 0;
-// testdata/pollyield.c counts the sched_yield calls.
+// testdata/pollyield.c counts the sched_yield calls. A value it does not
+// know is the default, with a warning on stderr.
 func TestPollYield(t *testing.T) {
 	taskset := testenv.RequireTool(t, "taskset")
 	if runtime.NumCPU() < 2 {
@@ -636,6 +676,13 @@ func TestPollYield(t *testing.T) {
 	runOK(t, "pollyield", sock, "0", "none")
 	t.Setenv("SOFTRNIC_POLL_YIELD", "")
 	runOK(t, "pollyield", sock, "1", "some") // always, by default
+	// a value it does not know: the default, and said once
+	t.Setenv("SOFTRNIC_POLL_YIELD", "sometimes")
+	out := runProgram(t, "pollyield", sock, "1", "some")
+	const warning = `softrnic: SOFTRNIC_POLL_YIELD="sometimes" is none of always, daemon, never: always is used` + "\n"
+	if out != warning+"ok\n" {
+		t.Errorf("with SOFTRNIC_POLL_YIELD=sometimes, pollyield wrote %q, want the warning once, then ok", out)
+	}
 }
 
 // rdma_bind_addr reserves the port with the daemon: a second bind of it is

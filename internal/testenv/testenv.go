@@ -10,6 +10,8 @@ package testenv
 import (
 	"os"
 	"os/exec"
+	"sync"
+	"syscall"
 	"testing"
 )
 
@@ -44,4 +46,42 @@ func RequireTool(t testing.TB, name string) string {
 		Unmet(t, "needs %q on PATH (`make deps` installs it)", name)
 	}
 	return p
+}
+
+// FullSocket listens on a SOCK_SEQPACKET Unix socket at path that never
+// accepts and whose backlog is full: one connection waits in it, and a
+// non-blocking connect gets EAGAIN (checked), as with a daemon stopped or
+// busy under a burst of clients. The returned func closes it and leaves
+// the file, as a daemon killed does; the test's end closes it too.
+func FullSocket(t testing.TB, path string) (closeIt func()) {
+	t.Helper()
+	sock := func() int {
+		fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fd
+	}
+	l := sock()
+	addr := &syscall.SockaddrUnix{Name: path}
+	if err := syscall.Bind(l, addr); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Listen(l, 0); err != nil {
+		t.Fatal(err)
+	}
+	waiting := sock()
+	if err := syscall.Connect(waiting, addr); err != nil {
+		t.Fatalf("the connection that fills the backlog: %v", err)
+	}
+	probe := sock()
+	err := syscall.Connect(probe, addr)
+	syscall.Close(probe)
+	if err != syscall.EAGAIN {
+		t.Fatalf("a connect to a full backlog: %v, want EAGAIN", err)
+	}
+	var once sync.Once
+	closeIt = func() { once.Do(func() { syscall.Close(waiting); syscall.Close(l) }) }
+	t.Cleanup(closeIt)
+	return closeIt
 }

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -167,7 +168,8 @@ static int on_datapath_cpu(const struct srn_ia *ia)
  * programs share with the pollers, of this daemon or of another, a spin
  * that never yields holds them off for a time slice); "daemon", only on a
  * CPU the daemon's datapath runs on (a host with one daemon, its pollers
- * pinned to cores of their own: elsewhere no system call); "never".
+ * pinned to cores of their own: elsewhere no system call); "never". Any
+ * other value is the default, said once on stderr.
  */
 enum { YIELD_ALWAYS, YIELD_DAEMON, YIELD_NEVER };
 
@@ -178,6 +180,10 @@ static int poll_yield(void)
 	if (m < 0) {
 		const char *e = getenv("SOFTRNIC_POLL_YIELD");
 		m = e && strcmp(e, "daemon") == 0 ? YIELD_DAEMON : e && strcmp(e, "never") == 0 ? YIELD_NEVER : YIELD_ALWAYS;
+		/* one thread says so, the first to find it out */
+		if (e && *e && m == YIELD_ALWAYS && strcmp(e, "always") != 0 &&
+		    __atomic_exchange_n(&mode, m, __ATOMIC_RELAXED) < 0)
+			fprintf(stderr, "softrnic: SOFTRNIC_POLL_YIELD=\"%s\" is none of always, daemon, never: always is used\n", e);
 		__atomic_store_n(&mode, m, __ATOMIC_RELAXED);
 	}
 	return m;

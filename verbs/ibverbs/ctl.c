@@ -33,17 +33,19 @@ enum {
 };
 
 /* answers says whether a daemon listens on the socket at path (a socket
- * file a killed daemon left behind refuses). */
+ * file a killed daemon left behind refuses). The connect does not wait: a
+ * daemon whose backlog is full (EAGAIN) is alive, only busy, and a
+ * blocking connect would wait for it to accept, for ever if it is stopped. */
 static int answers(const char *path)
 {
 	struct sockaddr_un sa = {.sun_family = AF_UNIX};
 	if (strlen(path) >= sizeof(sa.sun_path))
 		return 0;
 	strcpy(sa.sun_path, path);
-	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+	int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return 0;
-	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	int ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 || errno == EAGAIN;
 	close(fd);
 	return ok;
 }
@@ -54,7 +56,8 @@ static int answers(const char *path)
  * several there, the one a daemon answers on, if only one does (the others
  * left by daemons killed). With none, or several live ones, it names the
  * pattern's path, which a connect then fails on, and says once on stderr
- * why several: the library cannot guess which daemon is meant.
+ * why when there are several sockets: none answers, or the library cannot
+ * guess which daemon is meant.
  */
 const char *srn_socket_path(void)
 {
@@ -87,6 +90,11 @@ const char *srn_socket_path(void)
 	if (live > 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
 		fprintf(stderr, "softrnic: %zu daemons answer in " SRN_SOCKET_DIR "; set SOFTRNIC_SOCKET to the one to use\n",
 			live);
+	else if (live == 0 && socks > 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+		fprintf(stderr,
+			"softrnic: %zu sockets in " SRN_SOCKET_DIR " and no daemon answers on any; is softrnicd running? "
+			"(SOFTRNIC_SOCKET names another)\n",
+			socks);
 	return SRN_SOCKET_DIR "/*.sock";
 }
 
