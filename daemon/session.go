@@ -49,6 +49,9 @@ type session struct {
 	// if the message came without (sent before the option was set). Set
 	// by run before each dispatch; only the handlers read it.
 	sender *unix.Ucred
+	// client is what the Hello said the client is (its first 64
+	// octets), for the log; run's goroutine only.
+	client string
 
 	mu      sync.Mutex
 	objects map[uint32]any
@@ -134,7 +137,17 @@ func (s *session) kick() {
 // everything it owned.
 func (s *session) run() {
 	log := s.srv.log.With("session", s.id, "pid", s.cred.Pid, "uid", s.cred.Uid)
-	log.Info("session opened")
+	// A session is logged as opened at its first request beyond Hello. One
+	// that goes with no more is a look, not a client: a device list, a
+	// search for the daemon's socket, made at every program's start, and
+	// logged at Debug only.
+	opened := false
+	open := func(msg []byte) {
+		if h, _, err := ctl.ParseHeader(msg); err == nil && h.Op != ctl.OpHello {
+			log.Info("session opened", "client", s.client)
+			opened = true
+		}
+	}
 	s.loops.Add(2)
 	go s.poll()
 	go s.doorbellLoop()
@@ -147,6 +160,9 @@ func (s *session) run() {
 		}
 		fds := fdpass.Parse(oob[:oobn], "passed")
 		s.sender = fdpass.Sender(oob[:oobn])
+		if !opened {
+			open(buf[:n])
+		}
 		reply, out, herr := s.dispatch(buf[:n], fds)
 		for _, f := range fds {
 			f.Close() // handlers dup what they keep
@@ -165,7 +181,11 @@ func (s *session) run() {
 		}
 	}
 	s.close()
-	log.Info("session closed")
+	if opened {
+		log.Info("session closed")
+	} else {
+		log.Debug("session closed after its Hello, if any", "client", s.client)
+	}
 }
 
 // dispatch decodes one request and returns the encoded reply and the files
@@ -307,7 +327,11 @@ func queryHandle(f func(*session, uint32) (any, []*os.File, error)) handler {
 
 // hello answers the client's first request with the session and the IA,
 // and passes the doorbell and the shared region.
-func (s *session) hello(*ctl.Hello) (any, []*os.File, error) {
+func (s *session) hello(h *ctl.Hello) (any, []*os.File, error) {
+	s.client = h.Client
+	if len(s.client) > 64 {
+		s.client = s.client[:64]
+	}
 	db, err := dupFile(s.doorbell)
 	if err != nil {
 		return nil, nil, resources("session doorbell", err)

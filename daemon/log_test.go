@@ -1,0 +1,89 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/softrnic/softrnic/client"
+)
+
+// lockedBuffer is a log the server's goroutines write while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A session that goes with no request beyond its Hello (a device list, a
+// search for the daemon's socket: one at each program's start) is not
+// logged at Info; a client's session is, opened with the name it gave and
+// closed.
+func TestLooksAreNotLoggedAsSessions(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	var log lockedBuffer
+	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	settled := func() {
+		t.Helper()
+		for i := 0; srv.Counts()["sessions"] != 0; i++ {
+			if i == 500 {
+				t.Fatal("sessions left after their clients closed")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// a connect and nothing more (the socket search)
+	c, err := net.Dial("unixpacket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	// a Hello and nothing more (a device list)
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "lister"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ia.Close()
+	settled()
+	if out := log.String(); strings.Contains(out, "session") {
+		t.Errorf("looks at the daemon logged as sessions:\n%s", out)
+	}
+	ia, err = client.Open(context.Background(), client.Options{Socket: sock, Name: "worker"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ia.CreatePZ(); err != nil {
+		t.Fatal(err)
+	}
+	ia.Close()
+	settled()
+	out := log.String()
+	if !strings.Contains(out, `msg="session opened"`) || !strings.Contains(out, "client=worker") ||
+		!strings.Contains(out, `msg="session closed"`) {
+		t.Errorf("a client's session not logged, opened with its name and closed:\n%s", out)
+	}
+	if strings.Contains(out, "lister") {
+		t.Errorf("the look logged:\n%s", out)
+	}
+}
