@@ -4,18 +4,17 @@ package client_test
 // management), each through the client package against a real daemon.
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
 	"github.com/softrnic/softrnic/completion"
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/testenv"
 )
 
 func addr(port uint16) string { return net.JoinHostPort("127.0.0.1", itoa(port)) }
@@ -418,7 +417,7 @@ func TestDAT11And12Disconnect(t *testing.T) {
 // disconnect at Info, the peer's reset at Warn with the cause. The side
 // that asked logs nothing.
 func TestDaemonLogsConnectionsThePeerEnded(t *testing.T) {
-	var logs lockedBuffer
+	var logs testenv.Buffer
 	sock, _ := startDaemonLogging(t, &logs)
 	server, cli := newApp(t, sock, "s"), newApp(t, sock, "c")
 	ended := func() []string {
@@ -483,24 +482,6 @@ func TestEPMPAAttributesChecked(t *testing.T) {
 	if _, err := client.ParseRTR("write,"); err == nil {
 		t.Error("ParseRTR took an empty name")
 	}
-}
-
-// lockedBuffer is a log destination a test reads while the daemon writes.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // 13. Disconnecting an UNCONNECTED EP flushes its receives; it stays

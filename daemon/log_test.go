@@ -1,36 +1,16 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
 )
-
-// lockedBuffer is a log the server's goroutines write while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // A session that goes with no request beyond its Hello (a device list, a
 // search for the daemon's socket: one at each program's start) is not
@@ -38,7 +18,7 @@ func (l *lockedBuffer) String() string {
 // closed.
 func TestLooksAreNotLoggedAsSessions(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "d.sock")
-	var log lockedBuffer
+	var log logBuffer
 	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
 	if err != nil {
 		t.Fatal(err)

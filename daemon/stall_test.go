@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/softrnic/softrnic/ctl"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/internal/topology"
 	"github.com/softrnic/softrnic/tcp"
 )
@@ -22,22 +22,7 @@ import (
 const stallAfter = 400 * time.Millisecond
 
 // logBuffer is a log destination the test reads while the daemon writes.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer struct{ testenv.Buffer }
 
 // stallRecords are the log's stall records.
 func (l *logBuffer) stallRecords() []string {

@@ -12,11 +12,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/daemon"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/mpa"
 )
 
@@ -61,22 +61,7 @@ func freePort(t *testing.T) int {
 }
 
 // output collects a process's output while it runs.
-type output struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (o *output) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.Write(p)
-}
-
-func (o *output) String() string {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.b.String()
-}
+type output struct{ testenv.Buffer }
 
 // waitFor reports whether the output has come to hold s within d.
 func (o *output) waitFor(s string, d time.Duration) bool {

@@ -8,6 +8,7 @@
 package testenv
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"sync"
@@ -84,4 +85,24 @@ func FullSocket(t testing.TB, path string) (closeIt func()) {
 	closeIt = func() { once.Do(func() { syscall.Close(waiting); syscall.Close(l) }) }
 	t.Cleanup(closeIt)
 	return closeIt
+}
+
+// Buffer collects output (a log, a process's stderr) that goroutines or
+// a process write while the test reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String is what has been written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
