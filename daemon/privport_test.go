@@ -56,16 +56,7 @@ func TestPrivilegedPortNotThroughExec(t *testing.T) {
 	if err := os.Chmod(sock, 0o666); err != nil {
 		t.Fatal(err)
 	}
-	port := 0
-	for p := 600 + os.Getpid()%300; p < 1024 && port == 0; p++ {
-		if l, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
-			l.Close()
-			port = p
-		}
-	}
-	if port == 0 {
-		t.Fatal("no free privileged port")
-	}
+	port := testenv.FreePrivilegedPort(t)
 	cmd := exec.Command(self, "-test.run=^$")
 	cmd.Env = append(os.Environ(), privHelper+"=parent", "SRN_SOCK="+sock, "SRN_SUID="+suid, "SRN_PORT="+strconv.Itoa(port))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}

@@ -701,16 +701,7 @@ func TestPrivilegedPort(t *testing.T) {
 	testenv.RequireRoot(t)
 	unshare := testenv.RequireTool(t, "unshare")
 	sock := startDaemon(t)
-	port := 0
-	for p := 600 + os.Getpid()%300; p < 1024 && port == 0; p++ {
-		if l, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
-			l.Close()
-			port = p
-		}
-	}
-	if port == 0 {
-		t.Fatal("no free privileged port")
-	}
+	port := testenv.FreePrivilegedPort(t)
 	runOK(t, "privport", sock, strconv.Itoa(port), "ok")
 	bin, lib := compile(t, "privport")
 	cmd := exec.Command(unshare, "--user", "--map-root-user", bin, strconv.Itoa(port), "eacces")

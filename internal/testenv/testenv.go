@@ -9,6 +9,8 @@ package testenv
 
 import (
 	"bytes"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"sync"
@@ -105,4 +107,18 @@ func (b *Buffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// FreePrivilegedPort is a port below 1024 free on 127.0.0.1 now, from
+// a start that differs by process, so that tests run at once rarely meet.
+func FreePrivilegedPort(t testing.TB) int {
+	t.Helper()
+	for p := 600 + os.Getpid()%300; p < 1024; p++ {
+		if l, err := net.Listen("tcp4", fmt.Sprintf("127.0.0.1:%d", p)); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	t.Fatal("no free privileged port")
+	return 0
 }
