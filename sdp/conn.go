@@ -1309,7 +1309,8 @@ func (c *Conn) Close() error {
 }
 
 // finish sends the DisConn after what was written and lets the connection
-// go, gracefully if that was done by the deadline, abortively otherwise.
+// go, gracefully if that was done by the deadline (a FIN each way, then the
+// EP freed), abortively otherwise.
 func (c *Conn) finish(deadline time.Time) {
 	c.mu.Lock()
 	graceful := c.err == nil && time.Now().Before(deadline) && c.disconnect(func() time.Time { return deadline }) == nil
@@ -1321,6 +1322,18 @@ func (c *Conn) finish(deadline time.Time) {
 		c.wait(deadline, false)
 	}
 	graceful = graceful && c.err == nil
+	if graceful {
+		// Our FIN, then the peer's (its RNIC answers one in order),
+		// before the EP goes: freeing a connected EP is an abort (DAT's
+		// ep_free), a reset that would end the peer's connection broken
+		// while it closes in order too.
+		c.mu.Unlock()
+		_ = c.ep.Disconnect(true)
+		c.mu.Lock()
+		for !c.gone && c.err == nil && !pastDeadline(deadline) {
+			c.wait(deadline, false)
+		}
+	}
 	// The background goroutine, and a call asleep on the EVD when Close
 	// came, let go of it before the EVD goes.
 	c.stopping = true
@@ -1330,7 +1343,9 @@ func (c *Conn) finish(deadline time.Time) {
 	}
 	c.released = true
 	c.mu.Unlock()
-	_ = c.ep.Disconnect(graceful)
+	if !graceful {
+		_ = c.ep.Disconnect(false)
+	}
 	c.release()
 }
 

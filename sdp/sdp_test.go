@@ -1,6 +1,7 @@
 package sdp_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -21,6 +23,7 @@ import (
 	"github.com/softrnic/softrnic/daemon"
 	"github.com/softrnic/softrnic/internal/leakcheck"
 	"github.com/softrnic/softrnic/internal/streamcheck"
+	"github.com/softrnic/softrnic/internal/testenv"
 	"github.com/softrnic/softrnic/mpa"
 	"github.com/softrnic/softrnic/sdp"
 )
@@ -785,4 +788,54 @@ func TestListenerWithoutDaemonRefuses(t *testing.T) {
 		t.Fatalf("dialed a %T, want the TCP fallback", c)
 	}
 	echo(t, c)
+}
+
+// An orderly close is orderly on the wire too: each end's Close sends its
+// DisConn, then the connection closes with a FIN each way, and neither
+// daemon sees a reset or a broken connection. (Close freed the EP at once
+// after asking for the graceful disconnect, which the daemon, as DAT's
+// ep_free, turned into an abort: the peer's connection ended Broken, with
+// a warning in its daemon's log.)
+func TestOrderlyCloseIsNotAReset(t *testing.T) {
+	leakcheck.Check(t)
+	sock := filepath.Join(t.TempDir(), "lo.sock")
+	var log testenv.Buffer
+	d, err := daemon.New(daemon.Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatalf("daemon: %v", err)
+	}
+	go d.Serve()
+	t.Cleanup(func() { d.Close() })
+	ln := listen(t, sock)
+	for round := range 3 {
+		c1, c2, err := pair(t, &sdp.Dialer{Socket: sock, NoFallback: true}, ln)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg := bytes.Repeat([]byte{byte(round)}, 256<<10)
+		go func() {
+			// the server echoes, then closes at the client's EOF
+			io.Copy(c2, c2)
+			c2.Close()
+		}()
+		if _, err := c1.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		back := make([]byte, len(msg))
+		if _, err := io.ReadFull(c1, back); err != nil || !bytes.Equal(back, msg) {
+			t.Fatalf("echo: %v", err)
+		}
+		c1.Close()
+		for i := 0; d.Counts()["ep"] != 0; i++ {
+			if i == 2000 {
+				t.Fatalf("round %d: %d EPs left 20 s after both closed", round, d.Counts()["ep"])
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, `msg="connection ended"`) {
+			t.Errorf("an orderly close logged as a broken connection: %s", line)
+		}
+	}
 }
