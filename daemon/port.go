@@ -117,20 +117,22 @@ func bindTCP(addr netip.Addr, port uint16) (int, uint16, error) {
 // binds and listens as root, for whoever asks.
 //
 // The kernel checks the capability of the process that calls, when it
-// calls; the daemon reads it off /proc after the request came, which is
-// only the same while the process that sent the request runs the program
-// it ran then. So:
+// calls; the daemon can only read it off /proc after the request came,
+// and by then the process may have exec'd a program that gave it
+// privilege (set-user-ID, file capabilities, or such a program that exec'd
+// another, leaving no trace in the program /proc shows). What cannot
+// change after the fact is the effective user the kernel recorded when
+// the process connected (SO_PEERCRED). So:
+//   - the session's process must have been root when it connected, in the
+//     daemon's user namespace; a non-root process that holds
+//     CAP_NET_BIND_SERVICE (by file or ambient capabilities) is refused:
+//     run it as root, or use a port of 1024 or above;
 //   - the request must come from the session's own process (the kernel's
 //     SCM_CREDENTIALS), not a child or any process it passed the socket
-//     to, which could have it sent after the session's process exec'd a
-//     privileged program;
-//   - that process's program must not be one that grants privilege by
-//     exec (set-user-ID, set-group-ID, file capabilities) unless the
-//     process was root when it connected: else its capabilities may be
-//     the exec's, newer than the request. The program is read before and
-//     after the capabilities, so an exec between is seen. (A program that
-//     holds CAP_NET_BIND_SERVICE by file capabilities is therefore
-//     refused; give it as an ambient capability, or run it as root.)
+//     to;
+//   - that process must hold CAP_NET_BIND_SERVICE now (root that dropped
+//     it is refused), read between two looks at its program, so that an
+//     exec between them is seen, and while it still runs (its pidfd);
 //   - the capability counts only in a user namespace that owns the
 //     daemon's network namespace or is an ancestor of the one that does,
 //     as the kernel checks it (ns_capable on the network namespace's
@@ -143,7 +145,10 @@ func (s *session) mayBind(port uint16) error {
 	refuse := func(why string) error {
 		return fail(ctl.ProtectionViolation, "port %d is privileged, and process %d may not bind it: %s", port, s.cred.Pid, why)
 	}
-	if s.sender == nil || s.sender.Pid != s.cred.Pid {
+	if s.cred.Uid != 0 {
+		return refuse(fmt.Sprintf("it connected as user %d, not root", s.cred.Uid))
+	}
+	if s.cred.Pid <= 0 || s.sender == nil || s.sender.Pid != s.cred.Pid {
 		return refuse("the request was not sent by the process that opened the session")
 	}
 	proc := fmt.Sprintf("/proc/%d", s.cred.Pid)
@@ -163,9 +168,6 @@ func (s *session) mayBind(port uint16) error {
 	if err != nil || after != before {
 		return refuse("it ran another program while the daemon looked")
 	}
-	if before.privileged && s.cred.Uid != 0 {
-		return refuse("its program is set-user-ID, set-group-ID or has file capabilities, so its capabilities may be newer than its request")
-	}
 	// The PID was read before the process could exit and its PID go to
 	// another: what was read is the session's process's only if it
 	// still runs.
@@ -178,12 +180,8 @@ func (s *session) mayBind(port uint16) error {
 	return nil
 }
 
-// exe is the program a process runs: its file, and whether executing it
-// grants privilege.
-type exe struct {
-	dev, ino   uint64
-	privileged bool // set-user-ID, set-group-ID, or file capabilities
-}
+// exe is the program a process runs: its file.
+type exe struct{ dev, ino uint64 }
 
 // exeOf is the program of the process whose /proc directory is proc.
 func exeOf(proc string) (exe, error) {
@@ -191,11 +189,7 @@ func exeOf(proc string) (exe, error) {
 	if err := unix.Stat(proc+"/exe", &st); err != nil {
 		return exe{}, fmt.Errorf("its program: %w", err)
 	}
-	e := exe{dev: st.Dev, ino: st.Ino, privileged: st.Mode&(unix.S_ISUID|unix.S_ISGID) != 0}
-	if _, err := unix.Getxattr(proc+"/exe", "security.capability", nil); err == nil || !(errors.Is(err, unix.ENODATA) || errors.Is(err, unix.EOPNOTSUPP)) {
-		e.privileged = true // capabilities, or they cannot be read: as if
-	}
-	return e, nil
+	return exe{dev: st.Dev, ino: st.Ino}, nil
 }
 
 // exited says whether the process of a pidfd has exited (the pidfd reads
