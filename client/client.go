@@ -19,6 +19,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 
 	"golang.org/x/sys/unix"
 
@@ -250,11 +251,16 @@ func (ia *IA) call(op ctl.Op, req any, fds []*os.File, reply any) ([]*os.File, e
 		return nil, err
 	}
 	// The session is the daemon's to end, not ours (ia.closed): a
-	// request it can no longer take means it went away, which Gone says
-	// from now on, before the watcher may have seen the hang-up.
+	// request it can no longer take because it hung up means it went
+	// away, which Gone says from now on, before the watcher may have seen
+	// the hang-up. Any other failure to send (a descriptor already
+	// closed, too many passed, no memory for now) is this request's.
 	if _, _, err := ia.conn.WriteMsgUnix(msg, fdpass.Rights(fds), nil); err != nil {
-		ia.gone.Store(true)
-		return nil, fmt.Errorf("%v: %w: %v", op, ErrDaemonGone, err)
+		if errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ENOTCONN) {
+			ia.gone.Store(true)
+			return nil, fmt.Errorf("%v: %w: %v", op, ErrDaemonGone, err)
+		}
+		return nil, fmt.Errorf("%v: sending the request: %w", op, err)
 	}
 	buf := make([]byte, ctl.MaxMessage)
 	oob := make([]byte, fdpass.OOBSpace(4))
