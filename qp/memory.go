@@ -2,6 +2,7 @@ package qp
 
 import (
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"unsafe"
@@ -121,12 +122,15 @@ func (m *MR) Deregister() error {
 	// owner may unmap it. A fetch holds the lock too, but also holds the
 	// region: that is busy at once, never a wait on the fetch's read of
 	// the process (which may block, on a FUSE mapping say), with the
-	// caller's session locked.
-	if !m.shadowMu.TryLock() {
+	// caller's session locked. Nor a wait in Lock: a fetch that came
+	// after it and waits for a read lock is let in before it when the
+	// trim lets go, so a trim is waited out by trying again (it only
+	// works on memory), and a fetch seen on the way is busy.
+	for !m.shadowMu.TryLock() {
 		if m.inflight.Load() > 0 {
 			return ErrBusy
 		}
-		m.shadowMu.Lock() // a trim: memory only
+		runtime.Gosched()
 	}
 	defer m.shadowMu.Unlock()
 	if m.inflight.Load() > 0 {

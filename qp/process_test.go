@@ -612,3 +612,40 @@ func TestDeregisterDuringFetchIsBusy(t *testing.T) {
 		t.Fatalf("Deregister after the fetch: %v", err)
 	}
 }
+
+// Nor when a trim holds the shadow as Deregister comes, and a fetch starts
+// behind it: the fetch's read lock is let in before a waiting writer, so a
+// Deregister waiting in Lock waited for the fetch's read after all.
+func TestDeregisterBehindATrimAndAFetchIsBusy(t *testing.T) {
+	m := &MR{Buf: make([]byte, 4096)}
+	m.shadowMu.Lock() // the trim
+	errc := make(chan error, 1)
+	go func() { errc <- m.Deregister() }()
+	time.Sleep(50 * time.Millisecond) // Deregister finds the trim
+	if !m.hold() {
+		t.Fatal("hold")
+	}
+	fetching := make(chan struct{})
+	go func() {
+		m.shadowMu.RLock() // the fetch, behind the trim
+		close(fetching)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	m.shadowMu.Unlock() // the trim ends; the fetch reads, stalled
+	<-fetching
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrBusy) {
+			t.Fatalf("Deregister during a fetch that followed a trim: %v, want ErrBusy", err)
+		}
+	case <-time.After(10 * time.Second):
+		m.shadowMu.RUnlock()
+		<-errc
+		t.Fatal("Deregister waited for the fetch")
+	}
+	m.shadowMu.RUnlock()
+	m.release()
+	if err := m.Deregister(); err != nil {
+		t.Fatalf("Deregister after the fetch: %v", err)
+	}
+}
