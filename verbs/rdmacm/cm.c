@@ -234,9 +234,10 @@ out:
  * channel's EVD is made anew on the new session; its eventfd takes the
  * old one's descriptor number (dup2), so that a thread about to read it
  * reads the new one, never a descriptor the number was given to since.
- * Every new EVD is made before any channel is moved: when one cannot be,
- * none is, the new context is closed and the next call tries again,
- * rather than some channels left for ever on the old session's EVDs.
+ * Every new EVD is made, and added to its channel's epoll set, before any
+ * channel is moved: when one cannot be, none is, the new context is closed
+ * and the next call tries again, rather than some channels left for ever
+ * on the old session's EVDs or with a set that misses the new one.
  * mu held; 0 or an errno value.
  */
 static int renew(void)
@@ -256,12 +257,31 @@ static int renew(void)
 		return e;
 	}
 	struct srn_evd *fresh = calloc(n ? n : 1, sizeof(*fresh));
-	int err = fresh ? 0 : ENOMEM, made = 0;
+	int err = fresh ? 0 : ENOMEM, made = 0, added = 0;
 	for (; !err && made < n; made++)
 		err = srn_evd_create(&ctx()->sess, EVD_DEPTH, SRN_EVD_CONNECTION | SRN_EVD_CR, &fresh[made]);
+	if (err && made > 0)
+		made--; /* the one that failed was not made */
+	/* Each channel's epoll set takes the new eventfd and the new
+	 * session's socket now, so that nothing is left to fail once the
+	 * channels move. The eventfd's entry outlives its number's close
+	 * below: its file stays open under the number dup2 gives it. */
+	struct cm_channel *c = chans;
+	for (; !err && c; c = c->next_chan, added++) {
+		struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0}, hup = {.events = EPOLLRDHUP, .data.u32 = 2};
+		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, fresh[added].notify, &a) < 0)
+			err = errno;
+		else if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0) {
+			err = errno;
+			epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, fresh[added].notify, NULL);
+		}
+	}
 	if (err) {
-		if (made > 0)
-			made--; /* the one that failed was not made */
+		c = chans;
+		for (int k = 0; k < added && c; k++, c = c->next_chan) {
+			epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, fresh[k].notify, NULL);
+			epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, ctx()->sess.fd, NULL);
+		}
 		while (made > 0)
 			srn_evd_free(&fresh[--made]);
 		free(fresh);
@@ -269,33 +289,24 @@ static int renew(void)
 		verbs = old;
 		return err;
 	}
-	/* Commit. The old eventfd's file left the epoll set when dup2
-	 * closed it, so the new one is added. What fails here (dup2 for an
-	 * interrupt, epoll_ctl for lack of memory) is reported; each waiter
-	 * is woken through the channel's own eventfd and looks again. */
+	/* Commit: nothing here can fail but a dup2 interrupted, after which
+	 * the channel's eventfd keeps its new number (the old one stays
+	 * open, unsignalled). */
 	int i = 0;
-	for (struct cm_channel *c = chans; c; c = c->next_chan, i++) {
+	for (c = chans; c; c = c->next_chan, i++) {
 		struct srn_evd *f = &fresh[i];
 		if (dup2(f->notify, c->evd.notify) >= 0) {
 			close(f->notify);
 			f->notify = c->evd.notify;
-		} else {
-			err = err ? err : errno; /* the old number stays open, unsignalled */
 		}
-		struct epoll_event a = {.events = EPOLLIN, .data.u32 = 0};
-		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, f->notify, &a) < 0 && !err)
-			err = errno;
 		pthread_spin_destroy(&c->evd.lock); /* the old EVD: its ring was the old session's */
 		c->evd = *f;
-		struct epoll_event hup = {.events = EPOLLRDHUP, .data.u32 = 2};
 		epoll_ctl(c->ch.fd, EPOLL_CTL_DEL, old_fd, NULL);
-		if (epoll_ctl(c->ch.fd, EPOLL_CTL_ADD, ctx()->sess.fd, &hup) < 0 && !err)
-			err = errno;
 		srn_evd_arm(&c->evd);
 		signal_fd(c->local); /* a waiter looks again */
 	}
 	free(fresh);
-	return err;
+	return 0;
 }
 
 EXPORT struct rdma_event_channel *rdma_create_event_channel(void)

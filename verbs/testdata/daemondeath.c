@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -158,8 +159,17 @@ int main(int argc, char **argv)
 	 * EVD of the first channel moved, of the second; whatever failed,
 	 * a try with more to spare must move both. */
 	struct rdma_cm_id *lid, *cid, *kid;
-	static int filler[65536];
+	static int filler[4096];
 	int moved = 0;
+	/* a table the fillers can fill, whatever the host's limit */
+	struct rlimit lim, low;
+	if (getrlimit(RLIMIT_NOFILE, &lim))
+		FAIL("getrlimit: %s", strerror(errno));
+	low = lim;
+	if (low.rlim_cur > 2048)
+		low.rlim_cur = 2048;
+	if (setrlimit(RLIMIT_NOFILE, &low))
+		FAIL("setrlimit: %s", strerror(errno));
 	for (int spare = 0; spare < 64 && !moved; spare++) {
 		int n = 0;
 		while (n < (int)(sizeof(filler) / sizeof(filler[0])) && (filler[n] = dup(0)) >= 0)
@@ -177,6 +187,8 @@ int main(int argc, char **argv)
 	}
 	if (!moved)
 		FAIL("after the restart: no id with 64 descriptors to spare");
+	if (setrlimit(RLIMIT_NOFILE, &lim))
+		FAIL("setrlimit back: %s", strerror(errno));
 	/* the kept channels' events are the new daemon's: the second's id
 	 * resolves an address */
 	if (rdma_create_id(sch, &kid, NULL, RDMA_PS_TCP) || rdma_resolve_addr(kid, NULL, (struct sockaddr *)&a, 2000))
