@@ -20,6 +20,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -99,8 +100,7 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 			return nil, fmt.Errorf("open IA: %v: %w", err, ErrInvalidParameter)
 		}
 	}
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unixpacket", path)
+	c, err := dial(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("open IA: connect to softrnicd at %s: %w", path, err)
 	}
@@ -131,6 +131,38 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 	}
 	go ia.watch()
 	return ia, nil
+}
+
+// busyWait bounds how long dial tries a daemon whose backlog is full when
+// the context sets no deadline.
+const busyWait = 10 * time.Second
+
+// dial connects to the daemon's socket. A daemon whose backlog is full (a
+// burst of clients, or the daemon stopped) refuses at once with EAGAIN,
+// where a blocking connect would wait: it is tried again, more slowly each
+// time, until the context ends, or for busyWait.
+func dial(ctx context.Context, path string) (net.Conn, error) {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, busyWait)
+		defer cancel()
+	}
+	var d net.Dialer
+	pause := time.Millisecond
+	for {
+		c, err := d.DialContext(ctx, "unixpacket", path)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) {
+			return c, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("its backlog stayed full (is it stopped?): %w", err)
+		case <-t.C:
+		}
+		pause = min(2*pause, 100*time.Millisecond)
+	}
 }
 
 // watch waits for the daemon to hang up on the session, without reading

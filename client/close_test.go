@@ -3,10 +3,14 @@ package client_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/softrnic/softrnic/client"
+	"github.com/softrnic/softrnic/internal/testenv"
 )
 
 // Closing the IA wakes an application sleeping in Wait on one of its EVDs
@@ -68,5 +72,45 @@ func TestSendFailureIsNotTheDaemonGone(t *testing.T) {
 	}
 	if _, err := ia.CreatePZ(); err != nil {
 		t.Fatalf("the next request: %v", err)
+	}
+}
+
+// A daemon whose backlog is full is tried again until the context ends,
+// not given up on at the first EAGAIN (the C library's blocking connect
+// waits for room too): here room comes, and the connection made then meets
+// a peer that hangs up, which is what Open reports.
+func TestOpenWaitsForRoomInTheBacklog(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "full.sock")
+	full := testenv.FullSocket(t, sock)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	opened := make(chan error, 1)
+	go func() {
+		ia, err := client.Open(ctx, client.Options{Socket: sock, Name: "waiting"})
+		if err == nil {
+			ia.Close()
+		}
+		opened <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	var err error
+	for done := false; !done; {
+		full.Drain()
+		select {
+		case err = <-opened:
+			done = true
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err == nil || errors.Is(err, syscall.EAGAIN) || !errors.Is(err, client.ErrDaemonGone) {
+		t.Fatalf("Open: %v, want the hang-up of the peer it connected to once there was room", err)
+	}
+	// and with no room ever, the context's end, said
+	sock2 := filepath.Join(t.TempDir(), "full2.sock")
+	testenv.FullSocket(t, sock2)
+	short, cancel2 := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel2()
+	if _, err := client.Open(short, client.Options{Socket: sock2}); err == nil || !strings.Contains(err.Error(), "backlog stayed full") {
+		t.Fatalf("Open of a socket whose backlog stays full: %v", err)
 	}
 }

@@ -70,11 +70,11 @@ func TestFindSocket(t *testing.T) {
 	// a daemon too busy to accept, its backlog full, is alive: the probe
 	// neither waits for it nor passes it over
 	veth0.Close()
-	closeFull := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
+	full := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
 	if out := run(); !strings.Contains(out, "found: /run/softrnic/full.sock") {
 		t.Errorf("one live with its backlog full, one left by a daemon killed: %s", out)
 	}
-	closeFull()
+	full.Close()
 	if out := run(); !strings.Contains(out, "error: 2 sockets in /run/softrnic and no softrnicd answers on any") {
 		t.Errorf("two sockets, no daemon: %s", out)
 	}

@@ -275,11 +275,11 @@ func TestDefaultSocket(t *testing.T) {
 	}
 	// a daemon too busy to accept, its backlog full, answers: neither
 	// passed over nor waited for
-	closeFull := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
+	full := testenv.FullSocket(t, filepath.Join(dir, "full.sock"))
 	if out := run(); !strings.Contains(out, "2 daemons answer in /run/softrnic; set SOFTRNIC_SOCKET") {
 		t.Errorf("with a daemon and one whose backlog is full in /run/softrnic:\n%s", out)
 	}
-	closeFull()
+	full.Close()
 	startDaemonWith(t, daemon.Options{Socket: filepath.Join(dir, "e.sock")})
 	if out := run(); !strings.Contains(out, "No IB devices found") || !strings.Contains(out, "2 daemons answer in /run/softrnic; set SOFTRNIC_SOCKET") {
 		t.Errorf("with two daemons in /run/softrnic:\n%s", out)

@@ -52,11 +52,10 @@ func RequireTool(t testing.TB, name string) string {
 }
 
 // FullSocket listens on a SOCK_SEQPACKET Unix socket at path that never
-// accepts and whose backlog is full: one connection waits in it, and a
-// non-blocking connect gets EAGAIN (checked), as with a daemon stopped or
-// busy under a burst of clients. The returned func closes it and leaves
-// the file, as a daemon killed does; the test's end closes it too.
-func FullSocket(t testing.TB, path string) (closeIt func()) {
+// accepts by itself and whose backlog is full: one connection waits in it,
+// and a non-blocking connect gets EAGAIN (checked), as with a daemon
+// stopped or busy under a burst of clients. The test's end closes it.
+func FullSocket(t testing.TB, path string) *FullListener {
 	t.Helper()
 	sock := func() int {
 		fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_SEQPACKET|syscall.SOCK_CLOEXEC|syscall.SOCK_NONBLOCK, 0)
@@ -65,16 +64,16 @@ func FullSocket(t testing.TB, path string) (closeIt func()) {
 		}
 		return fd
 	}
-	l := sock()
+	l := &FullListener{fd: sock()}
 	addr := &syscall.SockaddrUnix{Name: path}
-	if err := syscall.Bind(l, addr); err != nil {
+	if err := syscall.Bind(l.fd, addr); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Listen(l, 0); err != nil {
+	if err := syscall.Listen(l.fd, 0); err != nil {
 		t.Fatal(err)
 	}
-	waiting := sock()
-	if err := syscall.Connect(waiting, addr); err != nil {
+	l.waiting = sock()
+	if err := syscall.Connect(l.waiting, addr); err != nil {
 		t.Fatalf("the connection that fills the backlog: %v", err)
 	}
 	probe := sock()
@@ -83,10 +82,43 @@ func FullSocket(t testing.TB, path string) (closeIt func()) {
 	if err != syscall.EAGAIN {
 		t.Fatalf("a connect to a full backlog: %v, want EAGAIN", err)
 	}
-	var once sync.Once
-	closeIt = func() { once.Do(func() { syscall.Close(waiting); syscall.Close(l) }) }
-	t.Cleanup(closeIt)
-	return closeIt
+	t.Cleanup(l.Close)
+	return l
+}
+
+// FullListener is FullSocket's listener.
+type FullListener struct {
+	mu          sync.Mutex
+	fd, waiting int
+	closed      bool
+}
+
+// Drain accepts the connections waiting and closes them: the next
+// connect finds room, and a client that connected finds its peer gone.
+func (l *FullListener) Drain() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	for {
+		fd, _, err := syscall.Accept4(l.fd, syscall.SOCK_CLOEXEC)
+		if err != nil {
+			return
+		}
+		syscall.Close(fd)
+	}
+}
+
+// Close closes the listener and leaves its file, as a daemon killed does.
+func (l *FullListener) Close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.closed {
+		l.closed = true
+		syscall.Close(l.waiting)
+		syscall.Close(l.fd)
+	}
 }
 
 // Buffer collects output (a log, a process's stderr) that goroutines or
