@@ -387,8 +387,13 @@ func (q *QP) Disconnect(graceful bool) {
 	// left to abort: its LLP finishes the close on its own timers, as a
 	// socket Linux siw releases does. Resetting it instead would throw
 	// away our FIN if it is not yet sent or acknowledged, and the peer,
-	// which did nothing wrong, would end Broken.
-	if !graceful && !q.closedInOrderLocked() {
+	// which did nothing wrong, would end Broken. So has one whose
+	// graceful close has nothing left to send but its FIN (perftest and
+	// rping destroy the QP right after rdma_disconnect): the engine
+	// flushes what is posted and places nothing more, and the LLP sends
+	// the FIN and waits for the peer's, as Linux siw's released socket
+	// does, rather than a reset after our FIN.
+	if !graceful && !q.closedInOrderLocked() && !q.closingDrainedLocked() {
 		q.abort = true
 	}
 	q.eng.Disconnect(graceful)
@@ -401,6 +406,10 @@ func (q *QP) Disconnect(graceful bool) {
 
 // closedInOrderLocked: the connection ended with Disconnected; q.mu held.
 func (q *QP) closedInOrderLocked() bool { return q.eng.Ended() && q.eng.State() == qp.Idle }
+
+// closingDrainedLocked: a graceful disconnect was asked, and the engine
+// has nothing left to send but the FIN (q.mu held).
+func (q *QP) closingDrainedLocked() bool { return q.eng.State() == qp.Closing && q.eng.Drained() }
 
 // Reset returns a QP whose connection ended to a fresh, unconnected state
 // (DAT ep_reset), once its connection has let go of it.

@@ -759,3 +759,36 @@ func TestAcceptWithAnotherDevicesQP(t *testing.T) {
 		}
 	})
 }
+
+// A QP destroyed after its graceful disconnect, with nothing left to send
+// (perftest and rping: rdma_disconnect, then rdma_destroy_qp at once),
+// lets its close finish in order, as Linux siw's released socket does: the
+// peer sees a graceful disconnect, not a reset after the FIN.
+func TestDestroyAfterGracefulDisconnectIsNoReset(t *testing.T) {
+	onBothDatapaths(t, testDestroyAfterGracefulDisconnect)
+}
+
+func testDestroyAfterGracefulDisconnect(t *testing.T, f *fabric) {
+	srv, cli := f.hosts(t)
+	for round := range 10 {
+		s, c := f.pair(t, srv, cli, QPAttr{}, QPAttr{}, nil)
+		c.Disconnect(true)
+		for i := 0; ; i++ {
+			c.mu.Lock()
+			drained := c.eng.Drained()
+			c.unlock()
+			if drained {
+				break
+			}
+			if i == 5000 {
+				t.Fatal("the client's graceful disconnect never drained")
+			}
+			time.Sleep(time.Millisecond)
+		}
+		c.Destroy()
+		if ev := waitEvent(t, s, Disconnected, Broken); ev.Kind != Disconnected {
+			t.Fatalf("round %d: the server saw %+v after the client's graceful disconnect and destroy", round, ev)
+		}
+		s.Destroy()
+	}
+}
