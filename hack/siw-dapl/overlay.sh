@@ -8,8 +8,8 @@
 # with run.sh --initrd adds:
 #   * Debian's libdapl2 (libdat2, libdaplofa) and dapl2-utils (dtest,
 #     dapltest), the versions apt-get download fetches for the host's suite,
-#     which must be the guest's (checked, with every Depends of the two
-#     packages against the guest's dpkg status);
+#     which must be the guest's (hack/siw-debs.sh checks that, and every
+#     Depends of the two packages against the guest's dpkg status);
 #   * /etc/dat.conf and /dapl/dat.conf: one entry, IA name softrnic0 (the
 #     name softrnic's side uses: dtest's client takes the server's name) on
 #     libdaplofa with ia_params "eth0 0" (siw0 is attached to eth0);
@@ -32,55 +32,12 @@ BASE=$IMG/initramfs.cpio
 die() { echo "siw-dapl overlay: $*" >&2; exit 1; }
 [ -r "$BASE" ] || die "no $BASE (run $GUEST/build.sh first)"
 [ -r "$GUEST/init" ] || die "no $GUEST/init"
-mkdir -p "$CACHE/debs"
 
-# The guest's suite and installed packages, read from its initramfs once
-# per initramfs.
+# libdapl2 and dapl2-utils of the guest's suite, every Depends checked
+# against the guest's dpkg status (hack/siw-debs.sh).
+mapfile -t debs < <(bash "$HERE/../siw-debs.sh" "$CACHE" libdapl2 dapl2-utils)
+[ "${#debs[@]}" = 2 ] || die "hack/siw-debs.sh found no libdapl2 and dapl2-utils for the guest"
 key=$(stat -c '%s %Y' "$BASE")
-if [ "$(cat "$CACHE/guest.key" 2>/dev/null)" != "$key" ]; then
-	rm -rf "$CACHE/guest" && mkdir -p "$CACHE/guest"
-	(cd "$CACHE/guest" && cpio -id --quiet usr/lib/os-release var/lib/dpkg/status < "$BASE")
-	[ -s "$CACHE/guest/var/lib/dpkg/status" ] || die "no dpkg status in $BASE"
-	echo "$key" > "$CACHE/guest.key"
-fi
-gsuite=$(. "$CACHE/guest/usr/lib/os-release" && echo "${VERSION_CODENAME:-}")
-hsuite=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
-[ -n "$gsuite" ] && [ "$gsuite" = "$hsuite" ] ||
-	die "the guest is Debian '$gsuite', this host '$hsuite': apt-get download here would fetch the wrong suite's libdapl2"
-
-# The packages, downloaded once.
-debs=()
-for p in libdapl2 dapl2-utils; do
-	f=$(ls -t "$CACHE/debs/${p}"_*.deb 2>/dev/null | head -1 || true)
-	if [ -z "$f" ]; then
-		(cd "$CACHE/debs" && { apt-get download -qq -o APT::Sandbox::User=root "$p" ||
-			{ apt-get update -qq && apt-get download -qq -o APT::Sandbox::User=root "$p"; }; }) >&2 ||
-			die "apt-get download $p failed"
-		f=$(ls -t "$CACHE/debs/${p}"_*.deb | head -1)
-	fi
-	debs+=("$f")
-done
-
-# Every dependency (but libdapl2 itself) must be installed in the guest in a
-# version that satisfies it: the same suite's glibc, libibverbs, librdmacm.
-gver() { # the version of package $1 installed in the guest
-	awk -v p="$1" '/^Package: / { pk = $2 } /^Status: / { st = $0 }
-		/^Version: / { if (pk == p && st ~ /install ok installed/) print $2 }' "$CACHE/guest/var/lib/dpkg/status"
-}
-for d in "${debs[@]}"; do
-	dpkg-deb -f "$d" Depends | tr ',' '\n' | while read -r dep; do
-		[ -n "$dep" ] || continue
-		name=${dep%% *} rel=
-		[ "$name" = libdapl2 ] && continue
-		have=$(gver "$name")
-		[ -n "$have" ] || die "$(basename "$d") needs $dep: not installed in the guest"
-		if [[ $dep =~ \((\>=|\<=|\>\>|\<\<|=)\ *([^\)]+)\) ]]; then
-			case ${BASH_REMATCH[1]} in '>=') rel=ge ;; '<=') rel=le ;; '>>') rel=gt ;; '<<') rel=lt ;; '=') rel=eq ;; esac
-			dpkg --compare-versions "$have" "$rel" "${BASH_REMATCH[2]}" ||
-				die "$(basename "$d") needs $dep; the guest has $name $have"
-		fi
-	done
-done
 
 stamp=$( { cat "$0" "$HERE/lib.sh" "$GUEST/init"; echo "$key ${debs[*]##*/}"; } | sha256sum | cut -c1-16)
 if [ -f "$CACHE/overlay.cpio" ] && [ "$(cat "$CACHE/overlay.stamp" 2>/dev/null)" = "$stamp" ]; then
