@@ -873,6 +873,7 @@ func (s *session) disconnectAll() {
 		}
 		s.drainRings(e)
 		e.setState(ctl.EPDisconnectPending)
+		e.graceful = true
 		e.qp.Disconnect(true)
 	}
 }

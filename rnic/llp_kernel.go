@@ -61,7 +61,9 @@ type kernelConn struct {
 	// finWanted: the MPA layer closed (Close), and the FIN follows what
 	// it gave; finSent: it went out. rxDone: the receive goroutine
 	// ended. closed: the socket is closed (after both, or at Abort).
-	finWanted, finSent, rxDone, closed bool
+	// released: the QP let go of the connection without a reset (see
+	// release); the socket is closed as soon as our FIN is out.
+	finWanted, finSent, rxDone, closed, released bool
 	// err is why the stream ended (Err).
 	err error
 	// result receives the outcome of an active open, once.
@@ -713,7 +715,7 @@ func (kc *kernelConn) writeFailed(err error) {
 func (kc *kernelConn) sendFIN() {
 	_ = kc.nc.CloseWrite()
 	q := kc.lock()
-	if (kc.rxDone || q == nil) && !kc.closed {
+	if (kc.rxDone || q == nil || kc.released) && !kc.closed {
 		kc.closeSocket()
 	}
 	kc.unlock(q)
@@ -727,12 +729,24 @@ func (kc *kernelConn) idleNow() {
 	_ = kc.nc.SetReadDeadline(time.Now().Add(kernelIdleAfter))
 }
 
+// release without abort leaves the rest of the close to the kernel: the
+// socket is closed, not reset, once our FIN is out (at once if it is, or
+// where sendFIN sends it), so that the kernel's TCP sends what is left and
+// waits for the peer's FIN on its own timers, as for a socket Linux siw
+// releases. Waiting here for the peer's FIN instead held the caller (the
+// daemon, under its session's lock) for closeTimeout when the peer
+// delayed it.
 func (kc *kernelConn) release(abort bool) {
+	kc.mu.Lock()
 	if abort {
-		kc.mu.Lock()
 		kc.Abort()
-		kc.mu.Unlock()
+	} else {
+		kc.released = true
+		if kc.finSent && !kc.closed {
+			kc.closeSocket()
+		}
 	}
+	kc.mu.Unlock()
 	kc.loops.Wait()
 }
 

@@ -387,13 +387,16 @@ func (q *QP) Disconnect(graceful bool) {
 	// left to abort: its LLP finishes the close on its own timers, as a
 	// socket Linux siw releases does. Resetting it instead would throw
 	// away our FIN if it is not yet sent or acknowledged, and the peer,
-	// which did nothing wrong, would end Broken. So has one whose
-	// graceful close has nothing left to send but its FIN (perftest and
-	// rping destroy the QP right after rdma_disconnect): the engine
-	// flushes what is posted and places nothing more, and the LLP sends
-	// the FIN and waits for the peer's, as Linux siw's released socket
-	// does, rather than a reset after our FIN.
-	if !graceful && !q.closedInOrderLocked() && !q.closingDrainedLocked() {
+	// which did nothing wrong, would end Broken. An abortive disconnect
+	// of any other connection resets it, a graceful one in progress
+	// included: the consumer asked for it.
+	q.disconnectLocked(graceful, !graceful && !q.closedInOrderLocked())
+}
+
+// disconnectLocked is Disconnect, abort set if the connection is to be
+// reset; it releases q.mu.
+func (q *QP) disconnectLocked(graceful, abort bool) {
+	if abort {
 		q.abort = true
 	}
 	q.eng.Disconnect(graceful)
@@ -432,12 +435,17 @@ func (q *QP) Reset() error {
 	return nil
 }
 
-// Destroy aborts the connection if any (one that ended in order is left
-// to finish its close), waits for the connection to let go of the QP, and
-// frees the QP.
+// Destroy aborts the connection if any, waits for the connection to let go
+// of the QP, and frees the QP. A connection that ended in order, or whose
+// graceful disconnect has nothing left to send but its FIN, is left to
+// finish its close on its own timers, as a socket Linux siw releases is:
+// perftest and rping destroy the QP right after rdma_disconnect, and a
+// reset after our FIN would end the peer's connection broken. The engine
+// flushes what is posted and places nothing more either way.
 func (q *QP) Destroy() {
 	q.destroyOnce.Do(func() {
-		q.Disconnect(false)
+		q.mu.Lock()
+		q.disconnectLocked(false, !q.closedInOrderLocked() && !q.closingDrainedLocked())
 		q.mu.Lock()
 		c, abort := q.conn, q.abort
 		q.unlock()
