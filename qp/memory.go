@@ -2,9 +2,9 @@ package qp
 
 import (
 	"errors"
-	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -126,11 +126,11 @@ func (m *MR) Deregister() error {
 	// after it and waits for a read lock is let in before it when the
 	// trim lets go, so a trim is waited out by trying again (it only
 	// works on memory), and a fetch seen on the way is busy.
-	for !m.shadowMu.TryLock() {
+	for pause := 10 * time.Microsecond; !m.shadowMu.TryLock(); pause = min(2*pause, time.Millisecond) {
 		if m.inflight.Load() > 0 {
 			return ErrBusy
 		}
-		runtime.Gosched()
+		time.Sleep(pause) // asleep, not spinning: a trim of a GiB takes about 80 ms
 	}
 	defer m.shadowMu.Unlock()
 	if m.inflight.Load() > 0 {

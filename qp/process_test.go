@@ -649,3 +649,42 @@ func TestDeregisterBehindATrimAndAFetchIsBusy(t *testing.T) {
 		t.Fatalf("Deregister after the fetch: %v", err)
 	}
 }
+
+// Deregister waits out a trim asleep: a trim of a GiB takes about 80 ms,
+// and a Deregister that spun on the lock meanwhile held a core of a
+// two-core host for all of it.
+func TestDeregisterWaitsOutATrimAsleep(t *testing.T) {
+	m := &MR{Buf: make([]byte, 4096)}
+	m.shadowMu.Lock() // the trim
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		m.shadowMu.Unlock()
+	}()
+	type result struct {
+		err       error
+		cpu, wall time.Duration
+	}
+	done := make(chan result, 1)
+	go func() {
+		runtime.LockOSThread() // the thread's own CPU time, below
+		defer runtime.UnlockOSThread()
+		var r0, r1 unix.Rusage
+		_ = unix.Getrusage(unix.RUSAGE_THREAD, &r0)
+		start := time.Now()
+		err := m.Deregister()
+		wall := time.Since(start)
+		_ = unix.Getrusage(unix.RUSAGE_THREAD, &r1)
+		cpu := time.Duration(r1.Utime.Nano() + r1.Stime.Nano() - r0.Utime.Nano() - r0.Stime.Nano())
+		done <- result{err, cpu, wall}
+	}()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("Deregister after the trim: %v", r.err)
+	}
+	if r.wall < 200*time.Millisecond {
+		t.Fatalf("Deregister returned after %v, before the trim ended", r.wall)
+	}
+	if r.cpu > r.wall/4 {
+		t.Fatalf("Deregister used %v of CPU waiting %v for a trim", r.cpu, r.wall)
+	}
+}
