@@ -100,18 +100,37 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 			return nil, fmt.Errorf("open IA: %v: %w", err, ErrInvalidParameter)
 		}
 	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, openWait)
+		defer cancel()
+	}
 	c, err := dial(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("open IA: connect to softrnicd at %s: %w", path, err)
 	}
 	ia := &IA{conn: c.(*net.UnixConn), eps: map[uint32]*EP{}, evds: map[*EVD]struct{}{}, queues: map[uint32]*readyQueue{},
 		watched: make(chan struct{})}
+	// The Hello is bounded as the connect is: a daemon (or whatever
+	// holds the socket) that accepts and never answers fails the Open
+	// when its context ends.
+	deadline, _ := ctx.Deadline()
+	_ = c.SetDeadline(deadline)
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Now()) })
 	var reply ctl.HelloReply
 	files, err := ia.call(ctl.OpHello, &ctl.Hello{Client: opts.Name}, nil, &reply)
+	if !stop() && err == nil {
+		err = ctx.Err() // the deadline may be set now, after the reply
+	}
 	if err != nil {
 		c.Close()
+		closeAll(files)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open IA: softrnicd at %s gave no answer to Hello: %w", path, ctx.Err())
+		}
 		return nil, fmt.Errorf("open IA: %w", err)
 	}
+	_ = c.SetDeadline(time.Time{})
 	if len(files) != 2 {
 		c.Close()
 		closeAll(files)
@@ -133,20 +152,15 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 	return ia, nil
 }
 
-// busyWait bounds how long dial tries a daemon whose backlog is full when
-// the context sets no deadline.
-const busyWait = 10 * time.Second
+// openWait bounds Open (the connect, then the Hello) when its context
+// sets no deadline, as the C library's socket timeouts bound its open.
+const openWait = 10 * time.Second
 
 // dial connects to the daemon's socket. A daemon whose backlog is full (a
 // burst of clients, or the daemon stopped) refuses at once with EAGAIN,
 // where a blocking connect would wait: it is tried again, more slowly each
-// time, until the context ends, or for busyWait.
+// time, until the context ends.
 func dial(ctx context.Context, path string) (net.Conn, error) {
-	if _, ok := ctx.Deadline(); !ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, busyWait)
-		defer cancel()
-	}
 	var d net.Dialer
 	pause := time.Millisecond
 	for {

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -112,5 +113,45 @@ func TestOpenWaitsForRoomInTheBacklog(t *testing.T) {
 	defer cancel2()
 	if _, err := client.Open(short, client.Options{Socket: sock2}); err == nil || !strings.Contains(err.Error(), "backlog stayed full") {
 		t.Fatalf("Open of a socket whose backlog stays full: %v", err)
+	}
+}
+
+// Open's context bounds its Hello too: whatever holds the socket may
+// accept and never answer (a wedged daemon, or not softrnicd at all).
+func TestOpenOfASilentSocketEndsWithItsContext(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "silent.sock")
+	ln, err := net.Listen("unixpacket", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	held := make(chan net.Conn, 1)
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			held <- c // kept open, never answered
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	opened := make(chan error, 1)
+	go func() {
+		ia, err := client.Open(ctx, client.Options{Socket: sock})
+		if err == nil {
+			ia.Close()
+		}
+		opened <- err
+	}()
+	select {
+	case err := <-opened:
+		if err == nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer to Hello") {
+			t.Fatalf("Open of a socket that never answers: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Open of a socket that never answers still waits 10 s after its context ended")
+	}
+	select {
+	case c := <-held:
+		c.Close()
+	default:
 	}
 }
