@@ -125,8 +125,13 @@ func Open(ctx context.Context, opts Options) (*IA, error) {
 	if err != nil {
 		c.Close()
 		closeAll(files)
-		if ctx.Err() != nil {
-			return nil, fmt.Errorf("open IA: softrnicd at %s gave no answer to Hello: %w", path, ctx.Err())
+		if cerr := ctx.Err(); cerr != nil || !time.Now().Before(deadline) {
+			// (The socket's deadline may pass a moment before the
+			// context's timer says so.)
+			if cerr == nil {
+				cerr = context.DeadlineExceeded
+			}
+			return nil, fmt.Errorf("open IA: softrnicd at %s gave no answer to Hello: %w", path, cerr)
 		}
 		return nil, fmt.Errorf("open IA: %w", err)
 	}
