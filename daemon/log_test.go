@@ -67,3 +67,36 @@ func TestLooksAreNotLoggedAsSessions(t *testing.T) {
 		t.Errorf("the look logged:\n%s", out)
 	}
 }
+
+// A session held open with no request beyond Hello is no look: it holds
+// the daemon's descriptors and a mapping, and is logged once it has been
+// open for lookWindow, with the name its client gave.
+func TestIdleSessionsAreLogged(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	var log logBuffer
+	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "holder"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ia.Close()
+	c, err := net.Dial("unixpacket", sock) // connected, nothing sent
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	deadline := time.Now().Add(lookWindow + 10*time.Second)
+	for strings.Count(log.String(), `msg="session opened"`) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("two sessions held open %v, not both logged:\n%s", lookWindow+10*time.Second, log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if out := log.String(); !strings.Contains(out, "client=holder idle=2s") {
+		t.Errorf("the idle session's line has not its client's name:\n%s", out)
+	}
+}

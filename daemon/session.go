@@ -133,6 +133,10 @@ func (s *session) kick() {
 	}
 }
 
+// lookWindow is how long a session may stay open without a request beyond
+// Hello before it is logged as opened (see run).
+const lookWindow = 2 * time.Second
+
 // run serves the session until the client goes away, then frees
 // everything it owned.
 func (s *session) run() {
@@ -140,14 +144,32 @@ func (s *session) run() {
 	// A session is logged as opened at its first request beyond Hello. One
 	// that goes with no more is a look, not a client: a device list, a
 	// search for the daemon's socket, made at every program's start, and
-	// logged at Debug only.
-	opened := false
-	open := func(msg []byte) {
-		if h, _, err := ctl.ParseHeader(msg); err == nil && h.Op != ctl.OpHello {
-			log.Info("session opened", "client", s.client)
-			opened = true
+	// logged at Debug only. A look takes milliseconds: a session held
+	// open for lookWindow without a request beyond Hello is logged too,
+	// as idle, so that whoever holds sessions (and their descriptors and
+	// mappings) is named at Info.
+	var mu sync.Mutex // opened, client: the loop's and the timer's
+	opened, client := false, ""
+	logOpened := func(idle bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		if opened {
+			return
+		}
+		opened = true
+		if idle {
+			log.Info("session opened", "client", client, "idle", lookWindow.String())
+		} else {
+			log.Info("session opened", "client", client)
 		}
 	}
+	open := func(msg []byte) {
+		if h, _, err := ctl.ParseHeader(msg); err == nil && h.Op != ctl.OpHello {
+			logOpened(false)
+		}
+	}
+	idle := time.AfterFunc(lookWindow, func() { logOpened(true) })
+	defer idle.Stop()
 	s.loops.Add(2)
 	go s.poll()
 	go s.doorbellLoop()
@@ -160,10 +182,18 @@ func (s *session) run() {
 		}
 		fds := fdpass.Parse(oob[:oobn], "passed")
 		s.sender = fdpass.Sender(oob[:oobn])
-		if !opened {
+		mu.Lock()
+		looking := !opened
+		mu.Unlock()
+		if looking {
 			open(buf[:n])
 		}
 		reply, out, herr := s.dispatch(buf[:n], fds)
+		if looking {
+			mu.Lock()
+			client = s.client // the Hello's, for the idle timer
+			mu.Unlock()
+		}
 		for _, f := range fds {
 			f.Close() // handlers dup what they keep
 		}
@@ -180,10 +210,14 @@ func (s *session) run() {
 			break
 		}
 	}
+	idle.Stop()
 	s.close()
+	mu.Lock()
+	defer mu.Unlock()
 	if opened {
 		log.Info("session closed")
 	} else {
+		opened = true // the idle timer, if it fires now, logs nothing
 		log.Debug("session closed after its Hello, if any", "client", s.client)
 	}
 }
