@@ -79,11 +79,11 @@ func ibServer(t *testing.T, timeout, park time.Duration) (*Server, string, uint1
 	return srv, sock, port
 }
 
-// ibSession is an IA of the daemon at sock, closed at the test's end, and
+// openSession is an IA of the daemon at sock, closed at the test's end, and
 // a PZ of it.
-func ibSession(t *testing.T, sock string) (*client.IA, *client.PZ) {
+func openSession(t *testing.T, sock string) (*client.IA, *client.PZ) {
 	t.Helper()
-	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "ibconn"})
+	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,7 +149,7 @@ func waitState(t *testing.T, e *client.EP, want client.EPState, within time.Dura
 // yet" and tried again); a Send then goes across.
 func TestIBConnect(t *testing.T) {
 	srv, sock, _ := ibServer(t, 10*time.Second, 400*time.Millisecond)
-	ia, pz := ibSession(t, sock)
+	ia, pz := openSession(t, sock)
 	for _, c := range []struct {
 		name        string
 		activeFirst bool
@@ -212,7 +212,7 @@ func TestIBConnect(t *testing.T) {
 // one (nobody expects it), and leaves nothing behind.
 func TestIBConnectTimesOut(t *testing.T) {
 	srv, sock, _ := ibServer(t, 600*time.Millisecond, 200*time.Millisecond)
-	ia, pz := ibSession(t, sock)
+	ia, pz := openSession(t, sock)
 	passive, active := newIBEP(t, ia, pz), newIBEP(t, ia, pz)
 	if err := passive.ep.ConnectQP("127.0.0.1", 0); err != nil { // QPN 0 is lower: passive
 		t.Fatal(err)
@@ -382,7 +382,7 @@ func TestIBConnHostile(t *testing.T) {
 	}
 
 	// The QPN of a QP that expects another peer's.
-	ia, pz := ibSession(t, sock)
+	ia, pz := openSession(t, sock)
 	e := newIBEP(t, ia, pz)
 	if err := e.ep.ConnectQP("127.0.0.1", 0); err != nil {
 		t.Fatal(err)
@@ -450,7 +450,7 @@ func FuzzIBPrivate(f *testing.F) {
 // that connection. Reset gives the wait up, and the EP can connect again.
 func TestIBWaitingEPConnectsNoOtherWay(t *testing.T) {
 	srv, sock, _ := ibServer(t, 10*time.Second, 200*time.Millisecond)
-	ia, pz := ibSession(t, sock)
+	ia, pz := openSession(t, sock)
 	dto, err := ia.CreateEVD(client.EVDOptions{Depth: 16, Kind: client.DTOEvents})
 	if err != nil {
 		t.Fatal(err)

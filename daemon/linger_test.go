@@ -98,15 +98,7 @@ func connectToSilentPeer(t *testing.T) silentSetup {
 	}
 	t.Cleanup(func() { ln.Close() })
 	peerc := silentPeer(ln)
-	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "linger"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ia.Close() })
-	pz, err := ia.CreatePZ()
-	if err != nil {
-		t.Fatal(err)
-	}
+	ia, pz := openSession(t, sock)
 	var evds [3]*client.EVD
 	for i, k := range []client.EVDKind{client.DTOEvents, client.DTOEvents, client.ConnectionEvents} {
 		if evds[i], err = ia.CreateEVD(client.EVDOptions{Depth: 64, Kind: k}); err != nil {

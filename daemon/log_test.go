@@ -17,13 +17,7 @@ import (
 // logged at Info; a client's session is, opened with the name it gave and
 // closed.
 func TestLooksAreNotLoggedAsSessions(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	var log logBuffer
-	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
+	srv, sock, log := loggedDaemon(t)
 	settled := func() {
 		t.Helper()
 		for i := 0; srv.Counts()["sessions"] != 0; i++ {
@@ -72,13 +66,7 @@ func TestLooksAreNotLoggedAsSessions(t *testing.T) {
 // the daemon's descriptors and a mapping, and is logged once it has been
 // open for lookWindow, with the name its client gave.
 func TestIdleSessionsAreLogged(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "d.sock")
-	var log logBuffer
-	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	serve(t, srv)
+	_, sock, log := loggedDaemon(t)
 	ia, err := client.Open(context.Background(), client.Options{Socket: sock, Name: "holder"})
 	if err != nil {
 		t.Fatal(err)
@@ -99,4 +87,16 @@ func TestIdleSessionsAreLogged(t *testing.T) {
 	if out := log.String(); !strings.Contains(out, "client=holder idle=2s") {
 		t.Errorf("the idle session's line has not its client's name:\n%s", out)
 	}
+}
+
+// loggedDaemon serves a daemon on lo whose log is kept, at Info.
+func loggedDaemon(t *testing.T) (*Server, string, *logBuffer) {
+	sock := filepath.Join(t.TempDir(), "d.sock")
+	log := new(logBuffer)
+	srv, err := New(Options{Iface: "lo", Socket: sock, Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve(t, srv)
+	return srv, sock, log
 }

@@ -596,21 +596,7 @@ func TestDeregisterDuringFetchIsBusy(t *testing.T) {
 	m.shadowMu.RLock()
 	errc := make(chan error, 1)
 	go func() { errc <- m.Deregister() }()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, ErrBusy) {
-			t.Fatalf("Deregister during a fetch: %v, want ErrBusy", err)
-		}
-	case <-time.After(10 * time.Second):
-		m.shadowMu.RUnlock()
-		<-errc
-		t.Fatal("Deregister waited for the fetch")
-	}
-	m.shadowMu.RUnlock()
-	m.release()
-	if err := m.Deregister(); err != nil {
-		t.Fatalf("Deregister after the fetch: %v", err)
-	}
+	busyDuringFetch(t, m, errc, "a fetch")
 }
 
 // Nor when a trim holds the shadow as Deregister comes, and a fetch starts
@@ -633,15 +619,23 @@ func TestDeregisterBehindATrimAndAFetchIsBusy(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	m.shadowMu.Unlock() // the trim ends; the fetch reads, stalled
 	<-fetching
+	busyDuringFetch(t, m, errc, "a fetch that followed a trim")
+}
+
+// busyDuringFetch: the Deregister whose result errc has, made while a
+// fetch (m held, shadowMu read-locked) is under way, is busy without
+// waiting for the fetch; once the fetch ends, Deregister succeeds.
+func busyDuringFetch(t *testing.T, m *MR, errc <-chan error, what string) {
+	t.Helper()
 	select {
 	case err := <-errc:
 		if !errors.Is(err, ErrBusy) {
-			t.Fatalf("Deregister during a fetch that followed a trim: %v, want ErrBusy", err)
+			t.Fatalf("Deregister during %s: %v, want ErrBusy", what, err)
 		}
 	case <-time.After(10 * time.Second):
 		m.shadowMu.RUnlock()
 		<-errc
-		t.Fatal("Deregister waited for the fetch")
+		t.Fatalf("Deregister waited for %s", what)
 	}
 	m.shadowMu.RUnlock()
 	m.release()
