@@ -152,17 +152,7 @@ func privHelperMain(mode string) {
 	fail := func(err error) { fmt.Printf("%s: %v\n", mode, err); os.Exit(1) }
 	switch mode {
 	case "parent":
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: os.Getenv("SRN_SOCK"), Net: "unixpacket"})
-		if err != nil {
-			fail(err)
-		}
-		if st, err := rawCall(c, ctl.OpHello, &ctl.Hello{Client: "priv"}); err != nil || st != ctl.Success {
-			fail(fmt.Errorf("hello: %v %v", st, err))
-		}
-		f, err := c.File()
-		if err != nil {
-			fail(err)
-		}
+		f := helloSession(fail)
 		child := exec.Command(os.Args[0], "-test.run=^$")
 		child.Env = append(os.Environ(), privHelper+"=child", fmt.Sprintf("SRN_PARENT=%d", os.Getpid()))
 		child.ExtraFiles = []*os.File{f}
@@ -204,17 +194,7 @@ func privHelperMain(mode string) {
 		os.Exit(0)
 	case "double":
 		// as nobody: a session, kept across the execs
-		c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: os.Getenv("SRN_SOCK"), Net: "unixpacket"})
-		if err != nil {
-			fail(err)
-		}
-		if st, err := rawCall(c, ctl.OpHello, &ctl.Hello{Client: "priv"}); err != nil || st != ctl.Success {
-			fail(fmt.Errorf("hello: %v %v", st, err))
-		}
-		f, err := c.File()
-		if err != nil {
-			fail(err)
-		}
+		f := helloSession(fail)
 		if _, err := unix.FcntlInt(f.Fd(), unix.F_SETFD, 0); err != nil {
 			fail(err)
 		}
@@ -308,4 +288,21 @@ func withEnv(env []string, set ...string) []string {
 		}
 	}
 	return append(out, set...)
+}
+
+// helloSession opens a session with the daemon at $SRN_SOCK (a Hello) and
+// returns its socket as a file, to be kept across an exec.
+func helloSession(fail func(error)) *os.File {
+	c, err := net.DialUnix("unixpacket", nil, &net.UnixAddr{Name: os.Getenv("SRN_SOCK"), Net: "unixpacket"})
+	if err != nil {
+		fail(err)
+	}
+	if st, err := rawCall(c, ctl.OpHello, &ctl.Hello{Client: "priv"}); err != nil || st != ctl.Success {
+		fail(fmt.Errorf("hello: %v %v", st, err))
+	}
+	f, err := c.File()
+	if err != nil {
+		fail(err)
+	}
+	return f
 }
