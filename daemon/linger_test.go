@@ -77,6 +77,7 @@ func tcpState(c *net.TCPConn) uint8 {
 
 type silentSetup struct {
 	ia   *client.IA
+	lmr  *client.LMR // 1 MiB, for Sends
 	ep   *client.EP
 	conn *client.EVD // the EP's connection events
 	peer *net.TCPConn
@@ -105,7 +106,15 @@ func connectToSilentPeer(t *testing.T) silentSetup {
 			t.Fatal(err)
 		}
 	}
-	ep, err := ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: evds[0], RequestEVD: evds[1], ConnectEVD: evds[2], SQDepth: 16, RQDepth: 16, IRD: 8, ORD: 8})
+	ep, err := ia.CreateEP(client.EPAttr{PZ: pz, RecvEVD: evds[0], RequestEVD: evds[1], ConnectEVD: evds[2], SQDepth: 32, RQDepth: 16, IRD: 8, ORD: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf, err := ia.Alloc(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lmr, err := pz.RegisterLMR(buf, client.LocalWrite)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +134,7 @@ func connectToSilentPeer(t *testing.T) silentSetup {
 		t.Fatal("the peer got no connection")
 	}
 	t.Cleanup(func() { peer.Close() })
-	return silentSetup{ia: ia, ep: ep, conn: evds[2], peer: peer, stop: stop}
+	return silentSetup{ia: ia, lmr: lmr, ep: ep, conn: evds[2], peer: peer, stop: stop}
 }
 
 // readToFIN reads the peer's socket up to our FIN.
@@ -228,4 +237,68 @@ func TestAbruptDisconnectAfterAGracefulOneResets(t *testing.T) {
 	if took := time.Since(start); took > 3*time.Second {
 		t.Fatalf("the EP's reset took %v", took.Round(time.Millisecond))
 	}
+}
+
+// A peer that sends its FIN and stops reading while our Sends fill the
+// socket: the connection ends (DISCONNECTED) with our octets still
+// waiting for room, which the peer never makes. Neither the EP's free nor
+// the daemon's Close may wait for them for ever.
+func TestFreeAfterThePeerStoppedReadingIsBounded(t *testing.T) {
+	for _, how := range []string{"free", "shutdown"} {
+		t.Run(how, func(t *testing.T) {
+			s := connectToSilentPeer(t)
+			for i := range 24 {
+				if err := s.ep.PostSend(uint64(i), []client.Segment{{LMR: s.lmr, Length: 1 << 20}}, 0); err != nil {
+					t.Fatalf("send %d: %v", i, err)
+				}
+			}
+			// the socket buffers fill (the peer reads nothing)
+			deadline := time.Now().Add(5 * time.Second)
+			for unread(s.peer) < 1<<20 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if err := s.peer.CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			for {
+				ev, err := s.conn.Wait(ctx)
+				if err != nil {
+					t.Fatalf("no end of the connection after the peer's FIN: %v", err)
+				}
+				if ev.Conn == client.Disconnected || ev.Conn == client.Broken {
+					break
+				}
+			}
+			done := make(chan error, 1)
+			go func() {
+				if how == "free" {
+					done <- s.ep.Free()
+				} else {
+					s.stop()
+					done <- nil
+				}
+			}()
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+			case <-time.After(8 * time.Second):
+				_ = s.peer.SetLinger(0)
+				s.peer.Close() // lets it go, so that the test ends
+				<-done
+				t.Fatalf("the %s waited more than 8 s for a peer that reads nothing", how)
+			}
+		})
+	}
+}
+
+// unread is how many octets wait in c's receive queue.
+func unread(c *net.TCPConn) int {
+	n := 0
+	rc, _ := c.SyscallConn()
+	_ = rc.Control(func(fd uintptr) { n, _ = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+	return n
 }

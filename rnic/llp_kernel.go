@@ -733,9 +733,12 @@ func (kc *kernelConn) idleNow() {
 // socket is closed, not reset, once our FIN is out (at once if it is, or
 // where sendFIN sends it), so that the kernel's TCP sends what is left and
 // waits for the peer's FIN on its own timers, as for a socket Linux siw
-// releases. Waiting here for the peer's FIN instead held the caller (the
-// daemon, under its session's lock) for closeTimeout when the peer
-// delayed it.
+// releases (and, as there, octets the peer sends after that close are
+// answered with a reset). Waiting here for the peer's FIN instead held the
+// caller (the daemon, under its session's lock) for closeTimeout when the
+// peer delayed it. Octets of ours still waiting for room in the socket
+// (a peer that stopped reading, its FIN sent or not) would hold release
+// for ever: after releaseWait they are given up, and the connection reset.
 func (kc *kernelConn) release(abort bool) {
 	kc.mu.Lock()
 	if abort {
@@ -747,8 +750,20 @@ func (kc *kernelConn) release(abort bool) {
 		}
 	}
 	kc.mu.Unlock()
+	if !abort {
+		t := time.AfterFunc(releaseWait, func() {
+			kc.mu.Lock()
+			kc.Abort()
+			kc.mu.Unlock()
+		})
+		defer t.Stop()
+	}
 	kc.loops.Wait()
 }
+
+// releaseWait bounds how long release waits for the octets of a released
+// connection to be written, and its FIN with them.
+const releaseWait = 500 * time.Millisecond
 
 // connectKernel is Connect on the kernel datapath: a TCP connection, then
 // MPA startup on the connection's receive goroutine; ctx carries Connect's
