@@ -7,7 +7,10 @@
 # Linux siw in the guest, both datapaths, siw as server and as client for
 # all six; and Debian's qperf, rc_lat with -cm1, the same way (the guest
 # gets qperf 0.4.11 of its own suite from an initramfs overlay,
-# hack/siw-debs.sh).
+# hack/siw-debs.sh); and Debian's fio 3.33, its rdma engine, by RDMA Write
+# and by RDMA Read (the client's --verb), the same way (fio and the
+# libraries its binary links that the guest lacks, from an overlay of
+# their own, checked by ELF load closure: siw-debs.sh --elf).
 #
 # One guest boot per datapath runs the rows of that datapath, in run.sh's
 # shell mode: the commands are typed into the guest's console
@@ -115,6 +118,23 @@
 # when siw's client does the same and our server's child exited 0; and
 # when its capture passes check_capture as the others.
 #
+# fio. 16 MiB in 64 KiB blocks, the server a read job that offers its
+# buffers, the client a write job whose --verb=write moves them by RDMA
+# Write into the server's, --verb=read by RDMA Read from them; the row's
+# connection is on its --port, so its capture is the boot's cut by port.
+# Both sides keep their buffers in a file (--mem=mmapshared), filled
+# before (zeros; the server's random for read), and after the run every
+# 64 KiB buffer of the receiving side must be, by sha256, one of the
+# source side's, which must be distinct and none zero (vb_fio_check; what
+# systest does, fio's own --verify cannot judge this engine). A fio row
+# passes when both fio exit 0 with "err= 0" and no "fio: " complaint, the
+# client's io= all 16 MiB, the data check holds and the capture passes
+# check_capture as the others. The one line tolerated, on the server only
+# and named in the row, is make test's fioFlushed: "fio: cq completion
+# status 5(Work Request Flushed Error)", the receive it posted for a next
+# message flushed as the client disconnects (its job is done by then and
+# it reports no error); not seen in these rows so far.
+#
 # siw runs with peer_to_peer=1: our libraries ask for MPA peer-to-peer
 # mode (verbs/ibverbs/qp.c), which as responder they can use only if the
 # initiator offers it, and ib_write_lat's server writes first, which RFC
@@ -128,6 +148,15 @@
 VB_QPERF=${VB_QPERF-rc_lat}
 VB_TOOLS="rping ib_write_bw ib_send_bw ib_read_bw ib_read_lat ib_write_lat"
 for t in $VB_QPERF; do VB_TOOLS+=" qperf-$t"; done
+# fio's rdma engine, a row each (fio-VERB): the client's --verb, write
+# (RDMA Write) and read (RDMA Read); VB_FIO= none.
+VB_FIO=${VB_FIO-write read}
+# what the guest lacks of what /usr/bin/fio loads (hack/siw-debs.sh --elf
+# fails naming anything missing)
+VB_FIO_DEBS="libaio1 libargon2-1 libboost-iostreams1.74.0 libboost-thread1.74.0 libcryptsetup12
+	libdaxctl1 libdevmapper1.02.1 libfmt9 libgfapi0 libgfrpc0 libgfxdr0 libglusterfs0 libicu72
+	libjson-c5 libnbd0 libndctl6 libnuma1 libpmem1 libpmemblk1 librados2 librbd1 libxml2"
+for t in $VB_FIO; do VB_TOOLS+=" fio-$t"; done
 VB_SIZE=4096
 VB_ITERS=50
 # vb_gport TOOL: the port a server of TOOL listens on in the guest; ours
@@ -143,6 +172,7 @@ vb_gport() {
 		for t in $VB_QPERF; do [ "qperf-$t" = "$1" ] && break; i=$((i + 1)); done
 		echo $((19765 + i))
 		;;
+	fio-write) echo 19800 ;; fio-read) echo 19801 ;;
 	esac
 }
 # vb_args TOOL server|client PORT [PEER]: the program's arguments but -d.
@@ -173,6 +203,11 @@ VB_GUEST_FUNCS=(
 	# served until then, no child left), busy (a child still ran), or
 	# its own exit status.
 	'vqsrv() { t=$1 p=$2; shift 2; dmesg | grep -c "segfault at" > /tmp/$t.seg0; timeout 300 stdbuf -oL -eL "$@" < /dev/null > /tmp/$t.out 2>&1 & s=$!; echo $s > /tmp/$t.pid; until ss -Hltn "sport = :$p" | grep -q . || ! kill -0 $s 2> /dev/null; do sleep 0.2; done; echo "IWGUEST: $t" listening; }'
+	# fio: vfill FILE N random|zero writes N blocks of 64 KiB; vsums TAG
+	# FILE N prints the sha256 of each of FILE's first N blocks as
+	# "IWGUEST: sum TAG: I SUM".
+	'vfill() { if [ "$3" = random ]; then head -c $(($2 * 65536)) /dev/urandom > $1; else head -c $(($2 * 65536)) /dev/zero > $1; fi; }'
+	'vsums() { i=0; while [ $i -lt $3 ]; do echo "IWGUEST: sum" "$1: $i $(dd if=$2 bs=64k skip=$i count=1 2> /dev/null | sha256sum | cut -c1-64)"; i=$((i + 1)); done; }'
 	'vqend() { t=$1 s=$(cat /tmp/$t.pid) n=0; q=$(cat /proc/$s/task/$s/children 2> /dev/null); q=${q%% *}; while [ -n "$q" ] && [ -n "$(cat /proc/$q/task/$q/children 2> /dev/null)" ] && [ $n -lt 50 ]; do sleep 0.2; n=$((n + 1)); done; if [ -n "$q" ] && [ -n "$(cat /proc/$q/task/$q/children 2> /dev/null)" ]; then r=busy; kill $q; wait $s; elif [ -n "$q" ] && kill -0 $q 2> /dev/null; then r=stopped; kill $q; wait $s; else wait $s; r=$?; fi; echo "IWGUEST: note" "$t: server pid $q"; dmesg | grep "segfault at" | tail -n +$(($(cat /tmp/$t.seg0) + 1)) | sed "s/^/IWGUEST: seg $t: /"; vout $t $r; }'
 )
 
@@ -528,6 +563,154 @@ vb_qperf_row() {
 	VB_ROWS+=("$name|$ok|$role|qperf:$lp|$log|$plog|$((SECONDS - t0))|$note")
 }
 
+# fio's rows: Debian's fio 3.33, its rdma engine, as systest runs it
+# (TestVerbsPrograms): the server a read job (--rw=read, iodepth
+# VB_FIO_SDEPTH), which only offers its buffers and waits, the client a
+# write job with --verb=write (RDMA Writes into the server's buffers) or
+# --verb=read (RDMA Reads from them), iodepth VB_FIO_CDEPTH, 64 KiB
+# blocks, VB_FIO_SIZE in all. Both keep their I/O buffers in a file
+# (--mem=mmapshared:FILE, from its first block), and what fio left there
+# is compared (fio's own --verify cannot judge this engine): the source
+# side's buffers (the client's after fio filled them, or the server's,
+# random octets, for read) distinct and none zero, every buffer of the
+# other side's, which began as zeros, whole one of them (by sha256 of each
+# 64 KiB block, vsums in the guest).
+VB_FIO_SIZE=16m VB_FIO_SDEPTH=16 VB_FIO_CDEPTH=8
+# a complaint of fio's (its engine's lines begin "fio: "), not the
+# server's note that it waits (systest's fioError)
+VB_FIO_ERROR='^fio: ([^w]|w[^a])'
+# what fio's server may print as the client leaves: the receive it posted
+# for a next message, flushed by the disconnect (its job is over by then,
+# and it reports no error; systest's fioFlushed). Tolerated on the server
+# only, and named.
+VB_FIO_FLUSHED='^fio: cq completion status 5\(Work Request Flushed Error\)$'
+
+# vb_fio_args server|client VERB PORT FILE [PEER]: fio's arguments.
+vb_fio_args() {
+	if [ "$1" = server ]; then
+		echo "--name=srv --ioengine=rdma --port=$3 --bs=64k --size=$VB_FIO_SIZE --rw=read --iodepth=$VB_FIO_SDEPTH --mem=mmapshared:$4"
+	else
+		echo "--name=cli --ioengine=rdma --hostname=$5 --port=$3 --bs=64k --size=$VB_FIO_SIZE --rw=write --verb=$2 --iodepth=$VB_FIO_CDEPTH --scramble_buffers=0 --mem=mmapshared:$4"
+	fi
+}
+
+# vb_fio_judge WHAT SIDE FILE RC: one fio's exit status and output (FILE):
+# exit 0, "err= 0", no complaint (the server: but the flush, named); the
+# client its I/O in full. Prints why not, or what it tolerated.
+vb_fio_judge() {
+	local what=$1 side=$2 f=$3 rc=$4 m
+	if [ "$rc" != 0 ]; then
+		echo "$what exited $rc: $(grep -v '^[[:space:]]*$' "$f" | grep -m1 '^fio: ' | cut -c1-80)"
+		return 1
+	fi
+	if [ "$side" = server ]; then
+		m=$(grep -vE "$VB_FIO_FLUSHED" "$f" | grep -m1 -E "$VB_FIO_ERROR")
+	else
+		m=$(grep -m1 -E "$VB_FIO_ERROR" "$f")
+	fi
+	[ -z "$m" ] || { echo "$what printed '$(cut -c1-80 <<< "$m")'"; return 1; }
+	grep -q "err= 0" "$f" || { echo "$what printed no 'err= 0'"; return 1; }
+	if [ "$side" = client ]; then
+		grep -q "io=${VB_FIO_SIZE%m}.0MiB" "$f" || { echo "$what did not move ${VB_FIO_SIZE%m}.0MiB"; return 1; }
+	fi
+	if [ "$side" = server ] && grep -qE "$VB_FIO_FLUSHED" "$f"; then
+		echo "$what: its posted receive flushed as the client left (tolerated, as in make test)"
+	fi
+}
+
+# vb_sums FILE N: the sha256 of each of FILE's first N blocks of 64 KiB.
+vb_sums() {
+	local i
+	for ((i = 0; i < $2; i++)); do dd if="$1" bs=64k skip="$i" count=1 2> /dev/null | sha256sum | cut -c1-64; done
+}
+
+# vb_fio_check SRC DST: the data check (see above) of the sums SRC and
+# DST, one a line; prints why it failed, or how many blocks it held.
+vb_fio_check() {
+	local zero s n d
+	zero=$(head -c 65536 /dev/zero | sha256sum | cut -c1-64)
+	n=$(grep -c . <<< "$1") d=$(grep -c . <<< "$2")
+	[ "$n" -gt 0 ] && [ "$d" -gt 0 ] || { echo "data: no sums ($n source, $d receiving)"; return 1; }
+	grep -qxF "$zero" <<< "$1" && { echo "data: a source buffer is zeros"; return 1; }
+	[ "$(sort -u <<< "$1" | grep -c .)" = "$n" ] || { echo "data: source buffers alike"; return 1; }
+	while read -r s; do
+		grep -qxF "$s" <<< "$1" || { echo "data: a receiving buffer is none of the $n source ones$([ "$s" = "$zero" ] && echo " (zeros)")"; return 1; }
+	done <<< "$2"
+	echo "data: each of $d buffers one of the other side's $n"
+}
+
+# vb_fio_row ROLE VERB: one fio row of the boot, as vb_row.
+vb_fio_row() {
+	local role=$1 verb=$2 name="verbs-fio-$2-$1" ok=PASS t0=$SECONDS
+	[ "$VB_DP" = xdp ] && name="xdp-$name"
+	if [ -n "${ONLY:-}" ] && [[ "$name" != *$ONLY* ]]; then return; fi
+	local tag="fio-$verb-$role" port plog="$work/$name.ours" log="$work/$name.guest"
+	local rc grc why notes=() spid gbuf="/tmp/fio-$verb-$role.buf" hbuf="$work/$name.buf" ours siw
+	local gfill gn hfill hn
+	port=$(vb_gport "fio-$verb")
+	if [ "$role" = siw-server ]; then
+		ours=client siw=server
+		# the server's buffers: random for read (the source), zeros
+		gfill=zero hfill=zero gn=$((VB_FIO_SDEPTH + 1)) hn=$((VB_FIO_CDEPTH + 1))
+		[ "$verb" = read ] && gfill=random
+		head -c $((hn * 65536)) /dev/zero > "$hbuf"
+		siw_shell_type "cd /tmp; vfill $gbuf $gn $gfill; vsrv $tag $port fio $(vb_fio_args server "$verb" "$port" "$gbuf"); vsums $tag $gbuf $VB_FIO_SDEPTH"
+		if wait_line "$VB_CONSOLE" "IWGUEST: $tag listening" 60; then
+			# shellcheck disable=SC2046 # the arguments are words
+			(vb_ours 120 fio $(vb_fio_args client "$verb" "$port" "$hbuf" "$VB_GADDR")) > "$plog" 2>&1
+			rc=$?
+		else
+			notes+=("the guest's server never listened") rc=none
+			: > "$plog"
+		fi
+		wait_line "$VB_CONSOLE" "IWGUEST: $tag rc=" 130 || notes+=("the guest's fio never ended")
+		wait_line "$VB_CONSOLE" "IWGUEST: sum $tag: $((VB_FIO_SDEPTH - 1)) " 60 || notes+=("the guest's sums never came")
+	else
+		ours=server siw=client port=$((port + 10))
+		gfill=zero hfill=zero gn=$((VB_FIO_CDEPTH + 1)) hn=$((VB_FIO_SDEPTH + 1))
+		if [ "$verb" = read ]; then
+			head -c $((hn * 65536)) /dev/urandom > "$hbuf"
+		else
+			head -c $((hn * 65536)) /dev/zero > "$hbuf"
+		fi
+		# shellcheck disable=SC2046 # the arguments are words
+		(vb_ours 150 fio $(vb_fio_args server "$verb" "$port" "$hbuf")) > "$plog" 2>&1 &
+		spid=$!
+		if [ "$VB_DP" = kernel ]; then
+			for _ in $(seq 100); do "${VB_IN[@]}" ss -Hltn "sport = :$port" | grep -q . && break; sleep 0.1; done
+		else
+			sleep 2
+		fi
+		siw_shell_type "cd /tmp; vfill $gbuf $gn $gfill; vcli $tag IWNEVER fio $(vb_fio_args client "$verb" "$port" "$gbuf" "$VB_PEER"); vsums $tag $gbuf $VB_FIO_CDEPTH"
+		wait_line "$VB_CONSOLE" "IWGUEST: $tag rc=" 130 || notes+=("the guest's fio never ended")
+		wait_line "$VB_CONSOLE" "IWGUEST: sum $tag: $((VB_FIO_CDEPTH - 1)) " 60 || notes+=("the guest's sums never came")
+		wait "$spid"
+		rc=$?
+	fi
+	sed -n "s/.*IWGUEST: out $tag: //p" "$VB_CONSOLE" | tr -d '\r' > "$log.out"
+	grep -oE "IWGUEST: ((out|sum|note) $tag: |$tag rc=).*" "$VB_CONSOLE" | tr -d '\r' > "$log"
+	grc=$(sed -n "s/.*IWGUEST: $tag rc=\([0-9]*\).*/\1/p" "$VB_CONSOLE" | tail -1)
+	why=$(vb_fio_judge "$ours (ours)" "$ours" "$plog" "$rc") || ok=FAIL
+	[ -n "$why" ] && notes+=("$why")
+	why=$(vb_fio_judge "$siw (siw)" "$siw" "$log.out" "${grc:-none}") || ok=FAIL
+	[ -n "$why" ] && notes+=("$why")
+	# the data: the client's buffers (write) or the server's (read) are
+	# the source
+	local gs hs src dst
+	gs=$(sed -n "s/.*IWGUEST: sum $tag: [0-9]* \([0-9a-f]\{64\}\).*/\1/p" "$VB_CONSOLE")
+	if [ "$role" = siw-server ]; then hs=$(vb_sums "$hbuf" "$VB_FIO_CDEPTH"); else hs=$(vb_sums "$hbuf" "$VB_FIO_SDEPTH"); fi
+	if [ "$role-$verb" = siw-server-write ] || [ "$role-$verb" = siw-client-read ]; then src=$hs dst=$gs; else src=$gs dst=$hs; fi
+	why=$(vb_fio_check "$src" "$dst") || ok=FAIL
+	notes+=("$why")
+	# the client's bandwidth, fio's own words
+	local res
+	res=$(grep -m1 -hE '^ *(WRITE|READ): bw=' "$([ "$role" = siw-server ] && echo "$plog" || echo "$log.out")" 2> /dev/null | sed 's/^ *[A-Z]*: //; s/ (.*//')
+	[ -n "$res" ] && notes=("fio --verb=$verb: $res" "${notes[@]}")
+	local note="" m
+	for m in "${notes[@]}"; do note+="${note:+; }$m"; done
+	VB_ROWS+=("$name|$ok|$role|$port|$log|$plog|$((SECONDS - t0))|$note")
+}
+
 # vb_daemon DATAPATH NS LOG: softrnicd on the tap once run.sh has made it.
 vb_daemon() {
 	for _ in $(seq 300); do ip -n "$2" link show dev "$TAP" > /dev/null 2>&1 && break; sleep 0.1; done
@@ -564,10 +747,10 @@ vb_boot() {
 	fi
 	VB_IN=(ip netns exec "$ns")
 	local t0=$SECONDS up=1 f initrd=()
-	if [ -n "$VB_OVERLAY" ]; then
-		# the guest's initramfs and the qperf overlay (150 MB, for
-		# this boot only)
-		cat "${SIW_GUEST_DIR:-/var/tmp/softrnic-siw-guest}/initramfs.cpio" "$VB_OVERLAY" > "$work/$base.initrd.cpio" || up=0
+	if [ "${#VB_OVERLAY[@]}" -gt 0 ]; then
+		# the guest's initramfs and the qperf and fio overlays (about
+		# 220 MB, for this boot only)
+		cat "${SIW_GUEST_DIR:-/var/tmp/softrnic-siw-guest}/initramfs.cpio" "${VB_OVERLAY[@]}" > "$work/$base.initrd.cpio" || up=0
 		initrd=(--initrd "$work/$base.initrd.cpio")
 	fi
 	[ "$up" = 1 ] && { siw_shell_start "$VB_CONSOLE" --net tap --netns "$ns" --tap "$TAP" --tap-ip "$VB_PEER/24" --ip "$VB_GADDR/24" \
@@ -583,6 +766,7 @@ vb_boot() {
 			for t in $VB_TOOLS; do
 				case $t in
 				qperf-*) vb_qperf_row "$r" "${t#qperf-}" ;;
+				fio-*) vb_fio_row "$r" "${t#fio-}" ;;
 				*) vb_row "$r" "$t" ;;
 				esac
 			done
@@ -623,7 +807,7 @@ vb_boot() {
 	unset note
 }
 
-echo "== Debian's rping, perftest and qperf over softrnic's libibverbs and librdmacm against the same over Linux siw"
+echo "== Debian's rping, perftest, qperf and fio over softrnic's libibverbs and librdmacm against the same over Linux siw"
 vb_selected=
 for t in $VB_TOOLS; do
 	for n in "verbs-$t-siw-server" "verbs-$t-siw-client" "xdp-verbs-$t-siw-server" "xdp-verbs-$t-siw-client"; do
@@ -635,15 +819,30 @@ if [ -n "$vb_selected" ]; then
 	# Debian's own binaries, unmodified: dpkg checks every file against
 	# the package's checksums.
 	for t in $VB_TOOLS stdbuf; do command -v "${t%%-*}" > /dev/null || vb_setup_fail="no ${t%%-*}"; done
-	[ -z "$vb_setup_fail" ] && [ -n "$(dpkg -V perftest rdmacm-utils qperf 2>&1)" ] && vb_setup_fail="dpkg -V perftest rdmacm-utils qperf: $(dpkg -V perftest rdmacm-utils qperf 2>&1 | head -1)"
+	[ -z "$vb_setup_fail" ] && [ -n "$(dpkg -V perftest rdmacm-utils qperf fio 2>&1)" ] && vb_setup_fail="dpkg -V perftest rdmacm-utils qperf fio: $(dpkg -V perftest rdmacm-utils qperf fio 2>&1 | head -1)"
 	# qperf: strace watches our server's children, and the guest gets
 	# Debian's qperf of its own suite from an initramfs overlay
-	VB_OVERLAY=
+	VB_OVERLAY=()
 	if [ -z "$vb_setup_fail" ] && [ -n "$VB_QPERF" ]; then
 		if ! command -v strace > /dev/null; then
 			vb_setup_fail="no strace (the qperf rows watch our server's children with it)"
-		elif ! VB_OVERLAY=$(bash hack/siw-debs.sh --cpio "${SIW_QPERF_CACHE:-/var/tmp/softrnic-siw-qperf}" qperf 2> "$work/siw-debs.log"); then
+		elif ! o=$(bash hack/siw-debs.sh --cpio "${SIW_QPERF_CACHE:-/var/tmp/softrnic-siw-qperf}" qperf 2> "$work/siw-debs.log"); then
 			vb_setup_fail="hack/siw-debs.sh qperf: $(tail -1 "$work/siw-debs.log")"
+		else
+			VB_OVERLAY+=("$o")
+		fi
+	fi
+	# fio: Debian's fio of the guest's suite and the libraries its binary
+	# links that the guest lacks (VB_FIO_DEBS), from an overlay of their
+	# own, checked by ELF load closure (siw-debs.sh --elf: by Depends,
+	# libdevmapper1.02.1, loaded for librbd1's libcryptsetup12, would
+	# also want dmsetup, a program nothing here runs)
+	if [ -z "$vb_setup_fail" ] && [ -n "$VB_FIO" ]; then
+		# shellcheck disable=SC2086 # the packages are words
+		if ! o=$(bash hack/siw-debs.sh --cpio --elf "${SIW_FIO_CACHE:-/var/tmp/softrnic-siw-fio}" fio $VB_FIO_DEBS 2> "$work/siw-debs-fio.log"); then
+			vb_setup_fail="hack/siw-debs.sh fio: $(tail -1 "$work/siw-debs-fio.log")"
+		else
+			VB_OVERLAY+=("$o")
 		fi
 	fi
 	[ -z "$vb_setup_fail" ] && { go run ./verbs/mklib -o "$work/lib" > "$work/mklib.log" 2>&1 || vb_setup_fail="mklib: $(tail -1 "$work/mklib.log")"; }

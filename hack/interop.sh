@@ -494,7 +494,7 @@ fi
 . hack/interop-dapl.sh
 
 echo
-echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50; verbs: Debian's rping, perftest, qperf -cm1 rc_lat over our libibverbs, librdmacm; dapl: dtest, dapltest over libdaplsoftrnic vs libdaplofa)"
+echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50; verbs: Debian's rping, perftest, qperf -cm1 rc_lat, fio --ioengine=rdma over our libibverbs, librdmacm; dapl: dtest, dapltest over libdaplsoftrnic vs libdaplofa)"
 printf '%-4s  %-34s %-10s %-4s %s\n' result scenario peer crc capture
 failed=0
 for r in "${results[@]}"; do
