@@ -39,7 +39,7 @@ func TestPrivilegedPortNotThroughExec(t *testing.T) {
 		t.Fatal(err)
 	}
 	copyFile(t, sleep, suid, os.ModeSetuid|0o755)
-	got := runPrivHelper(t, dir, self, "parent", "child: ", "SRN_SOCK="+sock, "SRN_SUID="+suid, "SRN_PORT="+strconv.Itoa(port))
+	got := runPrivHelper(t, dir, self, "parent", "child: after exec: ", "SRN_SOCK="+sock, "SRN_SUID="+suid, "SRN_PORT="+strconv.Itoa(port))
 	if !strings.Contains(got, "child: the parent runs as euid 0") {
 		t.Fatalf("the set-user-ID program did not make the parent root (a nosuid mount?), so this tests nothing:\n%s", got)
 	}
@@ -120,7 +120,7 @@ func TestPrivilegedPortNotThroughADoubleExec(t *testing.T) {
 	self := filepath.Join(dir, "helper")
 	wrap := filepath.Join(dir, "wrap")
 	copyFile(t, os.Args[0], wrap, os.ModeSetuid|0o755)
-	got := runPrivHelper(t, dir, self, "double", "sender: ", "SRN_SOCK="+sock, "SRN_WRAP="+wrap, "SRN_SELF="+self,
+	got := runPrivHelper(t, dir, self, "double", "sender: after double exec: ", "SRN_SOCK="+sock, "SRN_WRAP="+wrap, "SRN_SELF="+self,
 		"SRN_PORT="+strconv.Itoa(port))
 	if !strings.Contains(got, "sender: euid 0, CAP_NET_BIND_SERVICE true") {
 		t.Fatalf("the set-user-ID wrapper did not make the sender root (a nosuid mount?), so this tests nothing:\n%s", got)
