@@ -58,9 +58,6 @@ type ep struct {
 	// the engine's terminal event that follows is not a connection's.
 	flushing bool
 	freeing  bool
-	// graceful: the EP is DISCONNECT_PENDING by a graceful disconnect,
-	// with no abrupt one since.
-	graceful bool
 	// cancelConnect stops the EP's last connect if it still runs (the
 	// session ends, the QP goes); s.mu.
 	cancelConnect context.CancelFunc
@@ -501,13 +498,11 @@ func (s *session) disconnect(req *ctl.Disconnect) error {
 	switch e.state {
 	case ctl.EPConnected:
 		e.setState(ctl.EPDisconnectPending)
-		e.graceful = req.Graceful
 		e.qp.Disconnect(req.Graceful)
 	case ctl.EPDisconnectPending:
 		if req.Graceful {
 			return fail(ctl.InvalidParameter, "graceful disconnect of an EP already disconnecting")
 		}
-		e.graceful = false
 		e.qp.Disconnect(false)
 	case ctl.EPDisconnected:
 		// digest 003: a no-op.
@@ -567,16 +562,12 @@ func (s *session) freeEP(h uint32) error {
 	case ctl.EPUnconnected, ctl.EPDisconnected:
 		s.dropEP(e)
 	case ctl.EPDisconnectPending:
-		if e.graceful {
-			// Freed during its graceful disconnect (rdma_disconnect
-			// then rdma_destroy_qp, as perftest and rping do): the
-			// QP finishes the close in order if only its FIN is
-			// left to send, and is reset otherwise (Destroy); no
-			// event of it is wanted any more.
-			s.dropEP(e)
-			break
-		}
-		fallthrough
+		// Freed during its disconnect (rdma_disconnect then
+		// rdma_destroy_qp, as perftest and rping do): Destroy lets a
+		// graceful close with only its FIN left finish in order and
+		// resets any other (an abrupt disconnect's already is); no
+		// event of it is wanted any more.
+		s.dropEP(e)
 	default:
 		// Abort; the terminal event finishes the free.
 		e.freeing = true

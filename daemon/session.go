@@ -907,7 +907,6 @@ func (s *session) disconnectAll() {
 		}
 		s.drainRings(e)
 		e.setState(ctl.EPDisconnectPending)
-		e.graceful = true
 		e.qp.Disconnect(true)
 	}
 }
