@@ -68,8 +68,12 @@ import (
 )
 
 // DefaultIBConnPort is the TCP port on which softrnicd takes the
-// connections of QPs connected the InfiniBand way.
-const DefaultIBConnPort = 7471
+// connections of QPs connected the InfiniBand way. It keeps clear of the
+// ports RDMA programs listen on by default: 7471 (every librdmacm example:
+// ucmatose, cmtime, rdma_server, rstream, riostream), 7174 (rping), 18515
+// (perftest), 19765 (qperf), 4420 (NVMe-oF), 3260 (iSER), 20049 (NFS over
+// RDMA); and below Linux's ephemeral range (32768 on).
+const DefaultIBConnPort = 17471
 
 // Defaults of Options.IBConnTimeout and IBConnParkTimeout.
 const (
