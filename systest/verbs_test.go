@@ -97,7 +97,9 @@ func perftestRow(size int) *regexp.Regexp {
 // RDMA-CM (-R) and without (the QPs connected the InfiniBand way, by
 // QPN and GID at RTR: daemon/ibconn.go) and rping with verification, each
 // judged by its own output and exit status; qperf's rc_bw, rc_lat and
-// rc_rdma_read_bw, with the RDMA-CM and without (by QPN and LID); fio's
+// rc_rdma_read_bw, with the RDMA-CM and without (by QPN and LID);
+// librdmacm's examples (ucmatose, rdma_server, rdma_xserver, cmtime and
+// their clients) on their default port; fio's
 // rdma engine by Write and Read, what it moved compared; and
 // an ib_write_bw killed mid-transfer, after which both daemons hold
 // nothing.
@@ -105,7 +107,8 @@ func TestVerbsPrograms(t *testing.T) {
 	testenv.RequireRoot(t)
 	testenv.RequireTool(t, "stdbuf")
 	tools := map[string]string{}
-	for _, name := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat", "rping", "qperf", "fio"} {
+	for _, name := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat", "rping", "qperf", "fio",
+		"ucmatose", "rdma_server", "rdma_client", "rdma_xserver", "rdma_xclient", "cmtime"} {
 		tools[name] = testenv.RequireTool(t, name)
 	}
 	// Debian's own binaries, unmodified: dpkg checks every file of the
@@ -273,6 +276,50 @@ func TestVerbsPrograms(t *testing.T) {
 				}
 			}
 
+			// librdmacm's own examples, on their default port 7471 (a
+			// daemon that listened there itself once made their servers
+			// fail to bind): ucmatose (several connections, Sends both
+			// ways), rdma_server and rdma_client (the synchronous
+			// rdma_create_ep API, inline Sends), rdma_xserver and
+			// rdma_xclient in RC mode (inline without asking for it),
+			// each judged by the line it ends with.
+			for _, ex := range []struct{ server, client []string }{
+				{[]string{"ucmatose", "-b", server, "-c", "4", "-C", "200", "-S", "4096"}, []string{"ucmatose", "-s", server, "-c", "4", "-C", "200", "-S", "4096"}},
+				{[]string{"rdma_server", "-s", server}, []string{"rdma_client", "-s", server}},
+				{[]string{"rdma_xserver", "-c", "r"}, []string{"rdma_xclient", "-s", server, "-c", "r"}},
+			} {
+				srv := startBackground(t, verbsEnv(net.B, lib, sockB, 60, append([]string{tools[ex.server[0]]}, ex.server[1:]...)...))
+				waitListen(t, net.B, 7471)
+				out, err := verbsEnv(net.A, lib, sockA, 60, append([]string{tools[ex.client[0]]}, ex.client[1:]...)...).CombinedOutput()
+				sout, serr := srv.wait()
+				for _, r := range []struct {
+					prog, out string
+					err       error
+				}{{ex.client[0], string(out), err}, {ex.server[0], sout, serr}} {
+					want := r.prog + ": end 0\n"
+					if r.prog == "ucmatose" {
+						want = "return status 0\n"
+					}
+					if r.err != nil || !strings.HasSuffix(r.out, want) {
+						t.Errorf("%s: %v, want it to end %q:\n%s", r.prog, r.err, want, r.out)
+					}
+				}
+			}
+			// cmtime: 50 connections made, then ended, at once; every
+			// one must have connected and heard its DISCONNECTED (the
+			// client destroys each QP right after rdma_disconnect). Its
+			// server runs until stopped.
+			csrv := startBackground(t, verbsEnv(net.B, lib, sockB, 60, tools["cmtime"], "-b", server))
+			waitListen(t, net.B, 7471)
+			out, err = verbsEnv(net.A, lib, sockA, 60, tools["cmtime"], "-s", server, "-c", "50").CombinedOutput()
+			killChildren(t, csrv.cmd.Process.Pid)
+			sout, _ = csrv.wait()
+			if err := cmtimeCheck(string(out), err); err != nil || strings.Contains(sout, "fail") {
+				t.Errorf("cmtime: %v\nclient:\n%s\nserver:\n%s", err, out, sout)
+			} else {
+				t.Logf("cmtime, 50 connections:\n%s", lastLines(string(out), 8))
+			}
+
 			// A verbs application killed mid-transfer leaves nothing
 			// behind: its daemon frees what it held, and the peer's
 			// program ends instead of waiting; with the RDMA-CM and
@@ -302,6 +349,35 @@ func TestVerbsPrograms(t *testing.T) {
 			}
 		})
 	}
+}
+
+// cmtimeStep is a row of cmtime's table: step, total ms, max ms, min µs,
+// µs per connection. A step no connection completed has the min it began
+// with (999999999, printed 1000000000.00).
+var cmtimeStep = regexp.MustCompile(`(?m)^(create id|resolve addr|resolve route|create qp|connect|disconnect|destroy)\s*:\s+([0-9.]+)\s*([0-9.]+)\s*([0-9.]+)\s*([0-9.]+)$`)
+
+// cmtimeCheck judges cmtime's client: exit status 0, no complaint (it
+// prints "failure ...", or "event: ..." for a connection that failed),
+// and each of the seven steps completed by some connection.
+func cmtimeCheck(out string, err error) error {
+	if err != nil {
+		return err
+	}
+	for _, bad := range []string{"fail", "error", "event:"} {
+		if strings.Contains(out, bad) {
+			return fmt.Errorf("it printed %q", bad)
+		}
+	}
+	rows := cmtimeStep.FindAllStringSubmatch(out, -1)
+	if len(rows) != 7 {
+		return fmt.Errorf("%d steps in its table, want 7", len(rows))
+	}
+	for _, r := range rows {
+		if r[4] == "1000000000.00" {
+			return fmt.Errorf("no connection completed step %q", r[1])
+		}
+	}
+	return nil
 }
 
 func lastLines(s string, n int) string {

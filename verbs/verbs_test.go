@@ -525,6 +525,16 @@ func TestDataflow(t *testing.T) {
 	runOK(t, "dataflow", startDaemon(t), "17999")
 }
 
+// The calls of rdma_verbs.h's programs (rdma_server, rdma_client, cmtime)
+// behave as rdma-core's: rdma_get_devices, synchronous ids made by
+// rdma_create_ep and rdma_get_request whose calls wait for their events,
+// CQs made for a QP given none, rdma_migrate_id, and DISCONNECTED for an
+// id whose QP was destroyed right after rdma_disconnect
+// (testdata/syncep.c).
+func TestSynchronousEndpoints(t *testing.T) {
+	runOK(t, "syncep", startDaemon(t), strconv.Itoa(freePort(t)))
+}
+
 // compile builds the libraries and testdata/NAME.c against them.
 func compile(t *testing.T, name string) (bin, lib string) {
 	t.Helper()

@@ -21,6 +21,7 @@ enum {
 	SQ_SEND = 0, SQ_SEND_INV = 1, SQ_WRITE = 2, SQ_READ = 3, SQ_FETCH_ADD = 4, SQ_CMP_SWAP = 5, SQ_LOCAL_INV = 6,
 	WR_SIGNALED = 1, WR_SOLICITED = 2, WR_FENCE = 4,
 	MAX_INLINE = 512,
+	MIN_INLINE = 64, /* what a QP that asked for none can send inline */
 };
 
 static struct srn_qp *to_qp(struct ibv_qp *qp) { return (struct srn_qp *)qp; }
@@ -307,8 +308,14 @@ struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 	q->cap.max_send_wr = q->sq.entries;
 	q->cap.max_recv_wr = q->rq.entries;
 	q->cap.max_send_sge = q->cap.max_recv_sge = SRN_RING_SGE < c->ia.max_sge ? SRN_RING_SGE : c->ia.max_sge;
-	if (cap->max_inline_data) {
+	/* Every QP can send some octets inline, whatever it asked for, as
+	 * hardware's and siw's can (their WQEs hold a few dozen octets
+	 * anyway): rdma_xclient sends 16 with IBV_SEND_INLINE and asks for
+	 * none. The capacity given back says how many. */
+	{
 		q->cap.max_inline_data = (cap->max_inline_data + 63) & ~63u;
+		if (q->cap.max_inline_data < MIN_INLINE)
+			q->cap.max_inline_data = MIN_INLINE;
 		size_t n = (size_t)2 * q->sq.entries * q->cap.max_inline_data;
 		if (posix_memalign((void **)&q->inline_buf, 64, n)) {
 			err = ENOMEM;

@@ -66,13 +66,14 @@ enum {
 	MAX_PDATA = 512,
 };
 
+struct cm_id;
+
 struct cm_event {
 	struct rdma_cm_event ev;
 	struct cm_event *next;
+	struct cm_id *owner; /* whose count of unacknowledged events it is in, once returned */
 	uint8_t pdata[MAX_PDATA];
 };
-
-struct cm_id;
 
 struct cm_channel {
 	struct rdma_event_channel ch; /* the epoll set */
@@ -95,6 +96,16 @@ struct cm_id {
 	int addr_resolved;
 	int dead;
 	int removed; /* DEVICE_REMOVAL made for it */
+	uint32_t ep; /* its QP's endpoint, whose events are the id's; 0 once the QP is destroyed */
+	int live;    /* rdma_connect or rdma_accept went to the daemon */
+	int ended;   /* told how its connection ended (DISCONNECTED, REJECTED...) */
+	/* A synchronous id (no channel given): chan is its own, made with it
+	 * and freed with it, and each call that makes an event waits for it
+	 * (complete), leaving it in id.event until the next. */
+	int sync;
+	struct ibv_qp_init_attr *qp_init_attr; /* rdma_create_ep's, for the QPs of rdma_get_request */
+	uint8_t *connect;                      /* rdma_addrinfo's ai_connect: private data's first octets */
+	size_t connect_len;
 };
 
 /* One lock for the library's ids, channels and the shared context; a
@@ -104,6 +115,8 @@ struct cm_id {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t acked = PTHREAD_COND_INITIALIZER;
 static struct ibv_context *verbs; /* the process's context */
+static struct ibv_pd *verbs_pd;   /* its PD for ids given none (rdma_cm_id.pd), made on first use */
+static struct ibv_context *verbs_pd_of; /* the context verbs_pd is of */
 static int channels;              /* how many channels there are */
 static struct cm_channel *chans;  /* they, listed */
 
@@ -355,12 +368,34 @@ EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *ch)
 
 static struct cm_id *to_id(struct rdma_cm_id *id) { return (struct cm_id *)id; }
 
+static int fail(int err)
+{
+	errno = err;
+	return -1;
+}
+
+/* default_pd is the context's PD that an id has until its QP is made
+ * (rdma-core gives each id its device's: rdma_reg_msgs and rdma_create_qp
+ * with no PD use it), made once per context; one of a context given up
+ * stays with it. mu held; NULL if none could be made. */
+static struct ibv_pd *default_pd(void)
+{
+	if (verbs_pd_of != verbs) {
+		verbs_pd = NULL;
+		verbs_pd_of = verbs;
+	}
+	if (!verbs_pd && verbs)
+		verbs_pd = ibv_alloc_pd(verbs);
+	return verbs_pd;
+}
+
 static struct cm_id *new_id(struct cm_channel *c, void *context, enum rdma_port_space ps)
 {
 	struct cm_id *i = calloc(1, sizeof(*i));
 	if (!i)
 		return NULL;
 	i->id.verbs = verbs;
+	i->id.pd = default_pd();
 	i->id.channel = &c->ch;
 	i->id.context = context;
 	i->id.ps = ps;
@@ -380,22 +415,45 @@ EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id,
 		return -1;
 	}
 	struct cm_channel *c = (struct cm_channel *)ch;
-	if (!c) {
-		/* A synchronous id (no channel), whose calls would wait for
-		 * their own events, is not offered: refused, rather than an
-		 * id whose resolve and connect return before they are done. */
-		errno = EOPNOTSUPP;
-		return -1;
-	}
+	int sync = !c;
+	if (sync && !(c = make_channel()))
+		return -1; /* a synchronous id's channel is its own */
 	pthread_mutex_lock(&mu);
 	int err = renew();
 	struct cm_id *i = err ? NULL : new_id(c, context, ps);
+	if (i)
+		i->sync = sync;
 	pthread_mutex_unlock(&mu);
 	if (!i) {
+		if (sync)
+			free_channel(c);
 		errno = err ? err : ENOMEM;
 		return -1;
 	}
 	*id = &i->id;
+	return 0;
+}
+
+/*
+ * complete waits, for a synchronous id, for the event of the call just
+ * made (rdma-core's ucma_complete): it is left in id.event until the id's
+ * next such call or its end, and its status is the call's: 0, or -1 with
+ * errno (ECONNREFUSED for REJECTED). An asynchronous id returns 0 at once.
+ */
+static int complete(struct cm_id *i)
+{
+	if (!i->sync)
+		return 0;
+	if (i->id.event) {
+		rdma_ack_cm_event(i->id.event);
+		i->id.event = NULL;
+	}
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(i->id.channel, &e))
+		return -1;
+	i->id.event = e;
+	if (e->status)
+		return fail(e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : e->status < 0 ? -e->status : e->status);
 	return 0;
 }
 
@@ -404,12 +462,6 @@ static int call_handle(uint16_t op, uint32_t h)
 	uint8_t b[4];
 	srn_put32(b, h);
 	return srn_call(&ctx()->sess, op, b, sizeof(b), NULL, 0, NULL);
-}
-
-static int fail(int err)
-{
-	errno = err;
-	return -1;
 }
 
 static int reject(uint32_t cr, const void *pdata, uint8_t len)
@@ -425,6 +477,10 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	struct cm_id *i = to_id(id);
+	if (id->event) {
+		rdma_ack_cm_event(id->event); /* a synchronous call's */
+		id->event = NULL;
+	}
 	pthread_mutex_lock(&mu);
 	i->dead = 1;
 	while (i->events)
@@ -449,7 +505,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 		c->tail = *q;
 		q = &(*q)->next;
 	}
-	int last = c->destroyed && !c->ids;
+	int last = i->sync || (c->destroyed && !c->ids);
 	pthread_mutex_unlock(&mu);
 	if (i->psp)
 		call_handle(SRN_OP_FREE_PSP, i->psp);
@@ -459,6 +515,8 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 		reject(i->cr, NULL, 0);
 	if (last)
 		free_channel(c);
+	free(i->qp_init_attr);
+	free(i->connect);
 	free(i);
 	return 0;
 }
@@ -580,7 +638,7 @@ EXPORT int rdma_resolve_addr(struct rdma_cm_id *id, struct sockaddr *src, struct
 	if (e)
 		post(i->chan, e);
 	pthread_mutex_unlock(&mu);
-	return e ? 0 : fail(ENOMEM);
+	return e ? complete(i) : fail(ENOMEM);
 }
 
 EXPORT int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
@@ -596,24 +654,78 @@ EXPORT int rdma_resolve_route(struct rdma_cm_id *id, int timeout_ms)
 	pthread_mutex_unlock(&mu);
 	if (!ok)
 		return fail(EINVAL);
-	return e ? 0 : fail(ENOMEM);
+	return e ? complete(i) : fail(ENOMEM);
 }
 
+/* destroy_cqs ends the CQs and completion channels the library made for
+ * the id's QP (id.send_cq and the rest are only those, as rdma-core's). */
+static void destroy_cqs(struct rdma_cm_id *id)
+{
+	if (id->recv_cq)
+		ibv_destroy_cq(id->recv_cq);
+	if (id->send_cq && id->send_cq != id->recv_cq)
+		ibv_destroy_cq(id->send_cq);
+	if (id->recv_cq_channel)
+		ibv_destroy_comp_channel(id->recv_cq_channel);
+	if (id->send_cq_channel && id->send_cq_channel != id->recv_cq_channel)
+		ibv_destroy_comp_channel(id->send_cq_channel);
+	id->send_cq = id->recv_cq = NULL;
+	id->send_cq_channel = id->recv_cq_channel = NULL;
+}
+
+/* make_cq gives the id a CQ of n entries with a completion channel of
+ * its own, its context the id (rdma_verbs.h's rdma_get_send_comp and
+ * rdma_get_recv_comp wait on them); 0 or -1 with errno. */
+static int make_cq(struct rdma_cm_id *id, int n, struct ibv_cq **cq, struct ibv_comp_channel **ch)
+{
+	if (!(*ch = ibv_create_comp_channel(id->verbs)))
+		return -1;
+	if (!(*cq = ibv_create_cq(id->verbs, n, id, *ch, 0)))
+		return -1;
+	return 0;
+}
+
+/*
+ * create_qp makes the id's QP, on the id's PD when none is given. A CQ
+ * the attributes leave NULL is made here, as rdma-core's, sized by the
+ * queue's depth and with a completion channel of its own, and ends with
+ * the QP (rdma_destroy_qp); the attributes are given back with the CQs
+ * the QP has. 0 or -1 with errno.
+ */
 static int create_qp(struct cm_id *i, struct ibv_pd *pd, struct ibv_qp_init_attr *attr)
 {
+	struct rdma_cm_id *id = &i->id;
 	if (!pd)
-		pd = i->id.pd;
+		pd = id->pd;
 	if (!pd || !attr || pd->context != verbs || !srn_ctx(pd->context))
 		return fail(EINVAL); /* a PD of the id's context */
-	if (i->id.qp)
-		return fail(EBUSY);
+	if (id->qp)
+		return fail(EINVAL);
+	if ((!attr->send_cq && !attr->cap.max_send_wr) || (!attr->recv_cq && !attr->cap.max_recv_wr && !attr->srq))
+		return fail(EINVAL); /* no CQ, and no depth to make one of */
+	struct ibv_qp_init_attr a = *attr;
+	int err = 0;
+	if (!a.recv_cq && !a.srq && make_cq(id, a.cap.max_recv_wr, &id->recv_cq, &id->recv_cq_channel))
+		err = errno;
+	else if (!a.recv_cq)
+		a.recv_cq = id->recv_cq;
+	if (!err && !a.send_cq && make_cq(id, a.cap.max_send_wr, &id->send_cq, &id->send_cq_channel))
+		err = errno;
+	else if (!a.send_cq)
+		a.send_cq = id->send_cq;
 	const struct srn_ia *ia = &ctx()->ia;
-	struct ibv_qp *qp = ctx()->create_qp_cm(pd, attr, i->chan->evd.h, ia->max_ird, ia->max_ord);
-	if (!qp)
-		return -1;
-	i->id.qp = qp;
-	i->id.send_cq = attr->send_cq;
-	i->id.recv_cq = attr->recv_cq;
+	struct ibv_qp *qp = err ? NULL : ctx()->create_qp_cm(pd, &a, i->chan->evd.h, ia->max_ird, ia->max_ord);
+	if (!qp) {
+		err = err ? err : errno;
+		destroy_cqs(id);
+		return fail(err);
+	}
+	*attr = a;
+	pthread_mutex_lock(&mu);
+	id->qp = qp;
+	i->ep = qp->handle;
+	pthread_mutex_unlock(&mu);
+	id->pd = qp->pd;
 	return 0;
 }
 
@@ -640,12 +752,35 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *
 	return r;
 }
 
+/*
+ * rdma_destroy_qp ends the id's connection with its QP. The daemon tells
+ * nothing more of it, but a kernel's id goes on to hear DISCONNECTED once
+ * the connection has closed, and programs wait for that (cmtime destroys
+ * each QP right after rdma_disconnect, then waits for every id's
+ * DISCONNECTED): an id that connected and has not been told how its
+ * connection ended is told DISCONNECTED here, once.
+ */
 EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 {
-	if (id && id->qp) {
-		ibv_destroy_qp(id->qp);
-		id->qp = NULL;
+	if (!id)
+		return;
+	struct cm_id *i = to_id(id);
+	pthread_mutex_lock(&mu);
+	struct ibv_qp *qp = id->qp;
+	id->qp = NULL;
+	i->ep = 0; /* its events from now on concern nothing */
+	pthread_mutex_unlock(&mu);
+	if (qp)
+		ibv_destroy_qp(qp);
+	destroy_cqs(id);
+	pthread_mutex_lock(&mu);
+	if (qp && i->live && !i->ended && !i->dead) {
+		struct cm_event *e = new_event(i, RDMA_CM_EVENT_DISCONNECTED, 0);
+		if (e)
+			post(i->chan, e);
+		i->ended = 1;
 	}
+	pthread_mutex_unlock(&mu);
 }
 
 static void addr_str(const struct sockaddr_in *a, char *buf, size_t n)
@@ -659,16 +794,34 @@ EXPORT int rdma_connect(struct rdma_cm_id *id, struct rdma_conn_param *param)
 {
 	if (!id || !id->qp)
 		return fail(EINVAL); /* the QP is the endpoint that connects */
+	struct cm_id *i = to_id(id);
 	char addr[64];
 	addr_str(&id->route.addr.dst_sin, addr, sizeof(addr));
+	/* rdma_create_ep's ai_connect first, then the call's, as rdma-core's */
+	uint8_t pdata[MAX_PDATA];
+	size_t plen = i->connect_len, more = param && param->private_data ? param->private_data_len : 0;
+	if (plen + more > sizeof(pdata))
+		return fail(EINVAL);
+	if (plen)
+		memcpy(pdata, i->connect, plen);
+	if (more)
+		memcpy(pdata + plen, param->private_data, more);
 	struct srn_w w = {0};
 	srn_wn(&w, id->qp->handle, 4);
 	srn_wbytes(&w, addr, strlen(addr));
-	srn_wbytes(&w, param ? param->private_data : NULL, param && param->private_data ? param->private_data_len : 0);
+	srn_wbytes(&w, pdata, plen + more);
 	srn_wn(&w, CONNECT_TIMEOUT_US, 8);
 	srn_wn(&w, RETRY_REFUSED_US, 8);
 	int err = srn_call(&ctx()->sess, SRN_OP_CONNECT, w.b, w.n, NULL, 0, NULL);
-	return err ? fail(err) : 0;
+	if (err)
+		return fail(err);
+	pthread_mutex_lock(&mu);
+	i->live = 1;
+	pthread_mutex_unlock(&mu);
+	free(i->connect); /* given once */
+	i->connect = NULL;
+	i->connect_len = 0;
+	return complete(i);
 }
 
 EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
@@ -685,8 +838,11 @@ EXPORT int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *param)
 	int err = srn_call(&ctx()->sess, SRN_OP_ACCEPT_CR, w.b, w.n, NULL, 0, NULL);
 	if (err)
 		return fail(err);
+	pthread_mutex_lock(&mu);
 	i->cr = 0;
-	return 0;
+	i->live = 1;
+	pthread_mutex_unlock(&mu);
+	return complete(i); /* a synchronous id: ESTABLISHED */
 }
 
 EXPORT int rdma_reject(struct rdma_cm_id *id, const void *pdata, uint8_t len)
@@ -710,8 +866,8 @@ EXPORT int rdma_disconnect(struct rdma_cm_id *id)
 	srn_wn(&w, 1, 1); /* graceful */
 	int err = srn_call(&ctx()->sess, SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
 	if (err == EBUSY)
-		return 0; /* not connected (any more): nothing to end */
-	return err ? fail(err) : 0;
+		return 0; /* not connected (any more): nothing to end, nothing to wait for */
+	return err ? fail(err) : complete(to_id(id)); /* a synchronous id: DISCONNECTED */
 }
 
 /* parse_addr reads "a.b.c.d:port". */
@@ -787,7 +943,7 @@ static void established(struct rdma_cm_id *id, uint32_t ep, struct cm_event *e)
 static struct cm_id *by_ep(struct cm_channel *c, uint32_t ep)
 {
 	for (struct cm_id *i = c->ids; i; i = i->next)
-		if (i->id.qp && i->id.qp->handle == ep && !i->dead)
+		if (i->ep && i->ep == ep && !i->dead)
 			return i;
 	return NULL;
 }
@@ -854,6 +1010,8 @@ static struct cm_event *translate(struct cm_channel *c, const struct srn_eve *v)
 	struct cm_event *e = new_event(i, t, status);
 	if (e && t == RDMA_CM_EVENT_ESTABLISHED)
 		established(&i->id, v->ep, e);
+	else if (e)
+		i->ended = 1;
 	return e;
 }
 
@@ -908,6 +1066,88 @@ static struct cm_event *next(struct cm_channel *c)
 	}
 }
 
+/*
+ * move puts the id on channel to, with the events this library made for
+ * it and has not returned yet, once the application has acknowledged
+ * every event of it it holds but the held its caller is about to give it
+ * (rdma-core waits for those too); the
+ * channel it leaves is freed if it was the id's own or is destroyed and
+ * now empty. The id has no QP and no listener: their events come to the
+ * daemon's EVD of the channel they were made on.
+ */
+static void move(struct cm_id *i, struct cm_channel *to, int sync, int held)
+{
+	pthread_mutex_lock(&mu);
+	while (i->events > held)
+		pthread_cond_wait(&acked, &mu);
+	struct cm_channel *from = i->chan;
+	for (struct cm_id **p = &from->ids; *p; p = &(*p)->next) {
+		if (*p == i) {
+			*p = i->next;
+			break;
+		}
+	}
+	i->next = to->ids;
+	to->ids = i;
+	struct cm_event **q = &from->head;
+	from->tail = NULL;
+	while (*q) {
+		struct cm_event *e = *q;
+		if (e->ev.id == &i->id) {
+			*q = e->next;
+			post(to, e);
+			continue;
+		}
+		from->tail = e;
+		q = &e->next;
+	}
+	int was_sync = i->sync;
+	i->chan = to;
+	i->id.channel = &to->ch;
+	i->sync = sync;
+	int last = was_sync || (from->destroyed && !from->ids);
+	pthread_mutex_unlock(&mu);
+	if (last)
+		free_channel(from);
+}
+
+/* make_sync gives the id a channel of its own and makes it synchronous
+ * (rdma_migrate_id with no channel); 0 or -1 with errno. */
+static int make_sync(struct cm_id *i, int held)
+{
+	struct cm_channel *c = make_channel();
+	if (!c)
+		return -1;
+	move(i, c, 1, held);
+	return 0;
+}
+
+EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch)
+{
+	if (!id)
+		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
+	if (i->sync && !ch)
+		return fail(EINVAL); /* synchronous already */
+	/* The daemon sends a QP's connection events, and a listener's
+	 * requests, to the EVD of the channel they were made on, which the
+	 * library cannot change under them: migrate an id before
+	 * rdma_create_qp or rdma_listen (as servers do with the id of a
+	 * request, before its QP). */
+	if (id->qp || i->psp)
+		return fail(EOPNOTSUPP);
+	if (!ch)
+		return make_sync(i, 0);
+	if ((struct cm_channel *)ch == i->chan)
+		return 0;
+	if (id->event) {
+		rdma_ack_cm_event(id->event); /* its synchronous call's: the application never held it */
+		id->event = NULL;
+	}
+	move(i, (struct cm_channel *)ch, 0, 0);
+	return 0;
+}
+
 static void drain(int fd)
 {
 	uint64_t v;
@@ -929,11 +1169,18 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event
 		pthread_mutex_lock(&mu);
 		struct cm_event *e = next(c);
 		int err = errno;
+		struct cm_id *fresh = NULL; /* a synchronous listener's new id */
 		if (e) {
 			/* a connection request counts against its listener
 			 * only, as rdma-core's: the new id may be destroyed
-			 * before the event is acknowledged */
-			to_id(e->ev.listen_id ? e->ev.listen_id : e->ev.id)->events++;
+			 * before the event is acknowledged; but a synchronous
+			 * listener's request is its new id's, whose first
+			 * event it stays (rdma_get_request), and the listener
+			 * may go before it */
+			e->owner = to_id(e->ev.listen_id ? e->ev.listen_id : e->ev.id);
+			if (e->ev.listen_id && e->owner->sync)
+				e->owner = fresh = to_id(e->ev.id);
+			e->owner->events++;
 			/* the set stays readable while more wait; else the
 			 * daemon is asked again to signal the next (it
 			 * disarmed as it signalled this one), and one that
@@ -942,6 +1189,14 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event
 				signal_fd(c->local);
 		}
 		pthread_mutex_unlock(&mu);
+		if (fresh && make_sync(fresh, 1)) {
+			/* no channel for it: refused, as rdma-core's gives
+			 * up a request it cannot make an id for */
+			rdma_reject(&fresh->id, NULL, 0);
+			rdma_ack_cm_event(&e->ev);
+			rdma_destroy_id(&fresh->id);
+			continue;
+		}
 		if (e) {
 			*event = &e->ev;
 			return 0;
@@ -961,7 +1216,7 @@ EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
 	if (!event)
 		return fail(EINVAL);
 	pthread_mutex_lock(&mu);
-	to_id(event->listen_id ? event->listen_id : event->id)->events--;
+	((struct cm_event *)event)->owner->events--;
 	pthread_cond_broadcast(&acked);
 	pthread_mutex_unlock(&mu);
 	free(event);
@@ -1062,4 +1317,144 @@ EXPORT void rdma_freeaddrinfo(struct rdma_addrinfo *res)
 		free(res);
 		res = n;
 	}
+}
+
+/*
+ * rdma_get_request waits, on a synchronous listener, for its next
+ * connection request and returns the request's id, synchronous too, with
+ * the request in id->event and, when rdma_create_ep was given QP
+ * attributes, its QP made (on the listener's PD).
+ */
+EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
+{
+	if (!listen || !id)
+		return fail(EINVAL);
+	struct cm_id *l = to_id(listen);
+	if (!l->sync)
+		return fail(EINVAL); /* an asynchronous listener's requests come to its channel */
+	if (listen->event) {
+		rdma_ack_cm_event(listen->event);
+		listen->event = NULL;
+	}
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(listen->channel, &e))
+		return -1;
+	int err = e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED
+		  : e->status ? (e->status < 0 ? -e->status : e->status)
+		  : e->event != RDMA_CM_EVENT_CONNECT_REQUEST ? EINVAL : 0;
+	if (err) {
+		listen->event = e; /* DEVICE_REMOVAL, say */
+		return fail(err);
+	}
+	struct rdma_cm_id *n = e->id;
+	n->event = e;
+	if (l->qp_init_attr) {
+		struct ibv_qp_init_attr a = *l->qp_init_attr;
+		if (rdma_create_qp(n, listen->pd, &a)) {
+			err = errno;
+			rdma_reject(n, NULL, 0);
+			rdma_destroy_id(n);
+			return fail(err);
+		}
+	}
+	*id = n;
+	return 0;
+}
+
+/*
+ * rdma_create_ep makes a synchronous id of an rdma_getaddrinfo result:
+ * passive (RAI_PASSIVE), bound to its source address, keeping the PD and
+ * QP attributes for the ids of rdma_get_request; active, with its address
+ * and route resolved and, given attributes, its QP made. 0, or -1 with
+ * errno and nothing left.
+ */
+EXPORT int rdma_create_ep(struct rdma_cm_id **id, struct rdma_addrinfo *res, struct ibv_pd *pd,
+			  struct ibv_qp_init_attr *qp_init_attr)
+{
+	if (!id || !res)
+		return fail(EINVAL);
+	if (res->ai_qp_type != IBV_QPT_RC)
+		return fail(EOPNOTSUPP); /* iWARP: reliable connected QPs only */
+	struct rdma_cm_id *cm;
+	if (rdma_create_id(NULL, &cm, NULL, res->ai_port_space))
+		return -1;
+	struct cm_id *i = to_id(cm);
+	if (res->ai_flags & RAI_PASSIVE) {
+		if (rdma_bind_addr(cm, res->ai_src_addr))
+			goto err;
+		if (pd)
+			cm->pd = pd;
+		if (qp_init_attr) {
+			if (!(i->qp_init_attr = malloc(sizeof(*qp_init_attr)))) {
+				errno = ENOMEM;
+				goto err;
+			}
+			*i->qp_init_attr = *qp_init_attr;
+			i->qp_init_attr->qp_type = res->ai_qp_type;
+		}
+		*id = cm;
+		return 0;
+	}
+	if (rdma_resolve_addr(cm, res->ai_src_addr, res->ai_dst_addr, 2000) || rdma_resolve_route(cm, 2000))
+		goto err;
+	if (qp_init_attr) {
+		qp_init_attr->qp_type = res->ai_qp_type;
+		if (rdma_create_qp(cm, pd, qp_init_attr))
+			goto err;
+	}
+	if (res->ai_connect_len) {
+		if (!res->ai_connect || res->ai_connect_len > MAX_PDATA) {
+			errno = EINVAL;
+			goto err;
+		}
+		if (!(i->connect = malloc(res->ai_connect_len))) {
+			errno = ENOMEM;
+			goto err;
+		}
+		memcpy(i->connect, res->ai_connect, res->ai_connect_len);
+		i->connect_len = res->ai_connect_len;
+	}
+	*id = cm;
+	return 0;
+err:;
+	int e = errno;
+	rdma_destroy_ep(cm);
+	errno = e;
+	return -1;
+}
+
+EXPORT void rdma_destroy_ep(struct rdma_cm_id *id)
+{
+	if (!id)
+		return;
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+}
+
+/* rdma_get_devices: the one device's context, the process's (every id
+ * is bound to it); an empty list when no daemon serves. */
+EXPORT struct ibv_context **rdma_get_devices(int *num_devices)
+{
+	pthread_mutex_lock(&mu);
+	struct ibv_context *v = renew() ? NULL : context();
+	pthread_mutex_unlock(&mu);
+	struct ibv_context **list = calloc(2, sizeof(*list));
+	if (list)
+		list[0] = v;
+	if (num_devices)
+		*num_devices = list && v ? 1 : 0;
+	return list;
+}
+
+EXPORT void rdma_free_devices(struct ibv_context **list)
+{
+	free(list); /* the context stays the process's */
+}
+
+/* rdma_notify: an InfiniBand CM's hint that the QP saw traffic before
+ * ESTABLISHED; nothing on iWARP, where MPA establishes (the kernel's
+ * returns 0 for iWARP devices too). */
+EXPORT int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
+{
+	return id ? 0 : fail(EINVAL);
 }

@@ -15,20 +15,13 @@ EXPORT long raccept(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rbind(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rclose(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rconnect(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_create_ep(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_srq(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_create_srq_ex(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT void rdma_destroy_ep(void) {}
 EXPORT void rdma_destroy_srq(void) {}
-EXPORT void rdma_free_devices(void) {}
-EXPORT void *rdma_get_devices(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long rdma_get_remote_ece(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_get_request(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_join_multicast(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_join_multicast_ex(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_leave_multicast(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_migrate_id(void) { errno = EOPNOTSUPP; return -1; }
-EXPORT long rdma_notify(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_reject_ece(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rdma_set_local_ece(void) { errno = EOPNOTSUPP; return -1; }
 EXPORT long rfcntl(void) { errno = EOPNOTSUPP; return -1; }

@@ -330,11 +330,6 @@ int main(int argc, char **argv)
 	rdma_ack_cm_event(refused);
 	rdma_destroy_qp(cli3);
 	rdma_destroy_id(cli3);
-	/* no synchronous ids */
-	struct rdma_cm_id *sync_id;
-	if (rdma_create_id(NULL, &sync_id, NULL, RDMA_PS_TCP) == 0 || errno != EOPNOTSUPP)
-		FAIL("an id without a channel: %s", strerror(errno));
-
 	rdma_disconnect(cli);
 	/* and the server's channel for the peer's disconnect */
 	pf.fd = sch->fd;
