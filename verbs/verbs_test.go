@@ -607,7 +607,8 @@ func daemonProcess(t *testing.T, sock string, prefix ...string) *exec.Cmd {
 // When the daemon is killed under a process with connected QPs, every
 // wait of the process ends: DEVICE_REMOVAL for each RDMA-CM id,
 // IBV_EVENT_DEVICE_FATAL, EIO from the completion channel, ibv_poll_cq
-// and the posts; everything can be destroyed; and once a daemon serves
+// and the posts, ENODEV from a synchronous listener's rdma_get_request;
+// everything can be destroyed; and once a daemon serves
 // the socket again, new ids are its (testdata/daemondeath.c).
 func TestDaemonDeath(t *testing.T) {
 	bin, lib := compile(t, "daemondeath")

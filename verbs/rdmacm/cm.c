@@ -438,7 +438,9 @@ EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id,
  * complete waits, for a synchronous id, for the event of the call just
  * made (rdma-core's ucma_complete): it is left in id.event until the id's
  * next such call or its end, and its status is the call's: 0, or -1 with
- * errno (ECONNREFUSED for REJECTED). An asynchronous id returns 0 at once.
+ * errno (ECONNREFUSED for REJECTED; ENODEV for DEVICE_REMOVAL, the daemon
+ * gone, which rdma-core would return as success). An asynchronous id
+ * returns 0 at once.
  */
 static int complete(struct cm_id *i)
 {
@@ -452,6 +454,8 @@ static int complete(struct cm_id *i)
 	if (rdma_get_cm_event(i->id.channel, &e))
 		return -1;
 	i->id.event = e;
+	if (e->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+		return fail(ENODEV);
 	if (e->status)
 		return fail(e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : e->status < 0 ? -e->status : e->status);
 	return 0;
@@ -774,7 +778,7 @@ EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 		ibv_destroy_qp(qp);
 	destroy_cqs(id);
 	pthread_mutex_lock(&mu);
-	if (qp && i->live && !i->ended && !i->dead) {
+	if (qp && i->live && !i->ended && !i->dead && !i->removed) {
 		struct cm_event *e = new_event(i, RDMA_CM_EVENT_DISCONNECTED, 0);
 		if (e)
 			post(i->chan, e);
@@ -1341,9 +1345,10 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 		return -1;
 	int err = e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED
 		  : e->status ? (e->status < 0 ? -e->status : e->status)
+		  : e->event == RDMA_CM_EVENT_DEVICE_REMOVAL ? ENODEV
 		  : e->event != RDMA_CM_EVENT_CONNECT_REQUEST ? EINVAL : 0;
 	if (err) {
-		listen->event = e; /* DEVICE_REMOVAL, say */
+		listen->event = e;
 		return fail(err);
 	}
 	struct rdma_cm_id *n = e->id;

@@ -4,7 +4,8 @@
  * and waits, blocked in rdma_get_cm_event and in ibv_get_cq_event, for the
  * test to kill the daemon; then every wait ends: each id hears
  * DEVICE_REMOVAL, the completion channel and ibv_poll_cq fail with EIO,
- * ibv_get_async_event gives IBV_EVENT_DEVICE_FATAL, posts fail, and
+ * ibv_get_async_event gives IBV_EVENT_DEVICE_FATAL, posts fail, a
+ * synchronous listener's rdma_get_request fails with ENODEV, and
  * everything can be destroyed but the two channels, kept. It prints
  * "removed" and waits for a line on stdin, sent once a new daemon serves
  * the same socket; then, with the process short of descriptors so that
@@ -39,6 +40,18 @@ static void *cq_waiter(void *arg)
 	struct ibv_cq *cq;
 	void *cq_ctx;
 	cq_wait_errno = ibv_get_cq_event(cc, &cq, &cq_ctx) == 0 ? 0 : errno;
+	return NULL;
+}
+
+static struct rdma_cm_id *sync_listener;
+static int get_request_errno;
+
+/* blocked in rdma_get_request when the daemon dies */
+static void *request_waiter(void *arg)
+{
+	(void)arg;
+	struct rdma_cm_id *id;
+	get_request_errno = rdma_get_request(sync_listener, &id) == 0 ? 0 : errno;
 	return NULL;
 }
 
@@ -96,8 +109,17 @@ int main(int argc, char **argv)
 	struct ibv_recv_wr rw = {.wr_id = 1, .sg_list = &sg, .num_sge = 1}, *rbad;
 	if (ibv_post_recv(srv->qp, &rw, &rbad) || ibv_req_notify_cq(scq, 0))
 		FAIL("post_recv/notify");
-	pthread_t waiter;
+	pthread_t waiter, requests;
 	if (pthread_create(&waiter, NULL, cq_waiter, NULL))
+		FAIL("pthread_create");
+	char sport[16];
+	snprintf(sport, sizeof(sport), "%d", port + 1);
+	struct rdma_addrinfo hints = {.ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP}, *res;
+	if (rdma_getaddrinfo("127.0.0.1", sport, &hints, &res) || rdma_create_ep(&sync_listener, res, NULL, NULL) ||
+	    rdma_listen(sync_listener, 1))
+		FAIL("synchronous listener: %s", strerror(errno));
+	rdma_freeaddrinfo(res);
+	if (pthread_create(&requests, NULL, request_waiter, NULL))
 		FAIL("pthread_create");
 
 	printf("ready\n");
@@ -107,6 +129,10 @@ int main(int argc, char **argv)
 	pthread_join(waiter, NULL);
 	if (cq_wait_errno != EIO)
 		FAIL("ibv_get_cq_event ended with %s, want EIO", strerror(cq_wait_errno));
+	pthread_join(requests, NULL);
+	if (get_request_errno != ENODEV)
+		FAIL("rdma_get_request ended with %s, want ENODEV", strerror(get_request_errno));
+	rdma_destroy_ep(sync_listener);
 	struct ibv_async_event ae;
 	if (ibv_get_async_event(vc, &ae) || ae.event_type != IBV_EVENT_DEVICE_FATAL)
 		FAIL("ibv_get_async_event: %s, event %d", strerror(errno), ae.event_type);
