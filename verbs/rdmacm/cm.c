@@ -434,6 +434,26 @@ EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id,
 	return 0;
 }
 
+/* drop_event acknowledges the event a synchronous call left in id->event. */
+static void drop_event(struct rdma_cm_id *id)
+{
+	if (id->event) {
+		rdma_ack_cm_event(id->event);
+		id->event = NULL;
+	}
+}
+
+/* event_errno is the errno value of a synchronous call whose event is e,
+ * or 0. */
+static int event_errno(const struct rdma_cm_event *e)
+{
+	if (e->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
+		return ENODEV;
+	if (e->event == RDMA_CM_EVENT_REJECTED)
+		return ECONNREFUSED;
+	return e->status < 0 ? -e->status : e->status;
+}
+
 /*
  * complete waits, for a synchronous id, for the event of the call just
  * made (rdma-core's ucma_complete): it is left in id.event until the id's
@@ -446,19 +466,13 @@ static int complete(struct cm_id *i)
 {
 	if (!i->sync)
 		return 0;
-	if (i->id.event) {
-		rdma_ack_cm_event(i->id.event);
-		i->id.event = NULL;
-	}
+	drop_event(&i->id);
 	struct rdma_cm_event *e;
 	if (rdma_get_cm_event(i->id.channel, &e))
 		return -1;
 	i->id.event = e;
-	if (e->event == RDMA_CM_EVENT_DEVICE_REMOVAL)
-		return fail(ENODEV);
-	if (e->status)
-		return fail(e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED : e->status < 0 ? -e->status : e->status);
-	return 0;
+	int err = event_errno(e);
+	return err ? fail(err) : 0;
 }
 
 static int call_handle(uint16_t op, uint32_t h)
@@ -481,10 +495,7 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	struct cm_id *i = to_id(id);
-	if (id->event) {
-		rdma_ack_cm_event(id->event); /* a synchronous call's */
-		id->event = NULL;
-	}
+	drop_event(id); /* a synchronous call's */
 	pthread_mutex_lock(&mu);
 	i->dead = 1;
 	while (i->events)
@@ -1074,9 +1085,8 @@ static struct cm_event *next(struct cm_channel *c)
  * move puts the id on channel to, with the events this library made for
  * it and has not returned yet, once the application has acknowledged
  * every event of it it holds but the held its caller is about to give it
- * (rdma-core waits for those too); the
- * channel it leaves is freed if it was the id's own or is destroyed and
- * now empty. The id has no QP and no listener: their events come to the
+ * (rdma-core waits for those too); the channel it leaves is freed if it
+ * was the id's own or is destroyed and now empty. The id has no QP and no listener: their events come to the
  * daemon's EVD of the channel they were made on.
  */
 static void move(struct cm_id *i, struct cm_channel *to, int sync, int held)
@@ -1144,10 +1154,7 @@ EXPORT int rdma_migrate_id(struct rdma_cm_id *id, struct rdma_event_channel *ch)
 		return make_sync(i, 0);
 	if ((struct cm_channel *)ch == i->chan)
 		return 0;
-	if (id->event) {
-		rdma_ack_cm_event(id->event); /* its synchronous call's: the application never held it */
-		id->event = NULL;
-	}
+	drop_event(id); /* its synchronous call's: the application never held it */
 	move(i, (struct cm_channel *)ch, 0, 0);
 	return 0;
 }
@@ -1336,17 +1343,13 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 	struct cm_id *l = to_id(listen);
 	if (!l->sync)
 		return fail(EINVAL); /* an asynchronous listener's requests come to its channel */
-	if (listen->event) {
-		rdma_ack_cm_event(listen->event);
-		listen->event = NULL;
-	}
+	drop_event(listen);
 	struct rdma_cm_event *e;
 	if (rdma_get_cm_event(listen->channel, &e))
 		return -1;
-	int err = e->event == RDMA_CM_EVENT_REJECTED ? ECONNREFUSED
-		  : e->status ? (e->status < 0 ? -e->status : e->status)
-		  : e->event == RDMA_CM_EVENT_DEVICE_REMOVAL ? ENODEV
-		  : e->event != RDMA_CM_EVENT_CONNECT_REQUEST ? EINVAL : 0;
+	int err = event_errno(e);
+	if (!err && e->event != RDMA_CM_EVENT_CONNECT_REQUEST)
+		err = EINVAL;
 	if (err) {
 		listen->event = e;
 		return fail(err);
