@@ -312,19 +312,17 @@ struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 	 * hardware's and siw's can (their WQEs hold a few dozen octets
 	 * anyway): rdma_xclient sends 16 with IBV_SEND_INLINE and asks for
 	 * none. The capacity given back says how many. */
-	{
-		q->cap.max_inline_data = (cap->max_inline_data + 63) & ~63u;
-		if (q->cap.max_inline_data < MIN_INLINE)
-			q->cap.max_inline_data = MIN_INLINE;
-		size_t n = (size_t)2 * q->sq.entries * q->cap.max_inline_data;
-		if (posix_memalign((void **)&q->inline_buf, 64, n)) {
-			err = ENOMEM;
-			goto fail;
-		}
-		memset(q->inline_buf, 0, n);
-		if ((err = srn_register(&c->sess, pd->handle, q->inline_buf, n, 0, &q->inline_lmr, &q->inline_stag)))
-			goto fail;
+	q->cap.max_inline_data = (cap->max_inline_data + 63) & ~63u;
+	if (q->cap.max_inline_data < MIN_INLINE)
+		q->cap.max_inline_data = MIN_INLINE;
+	size_t n = (size_t)2 * q->sq.entries * q->cap.max_inline_data;
+	if (posix_memalign((void **)&q->inline_buf, 64, n)) {
+		err = ENOMEM;
+		goto fail;
 	}
+	memset(q->inline_buf, 0, n);
+	if ((err = srn_register(&c->sess, pd->handle, q->inline_buf, n, 0, &q->inline_lmr, &q->inline_stag)))
+		goto fail;
 	*cap = q->cap;
 	q->sq_sig_all = attr->sq_sig_all;
 	pthread_spin_init(&q->sq_lock, PTHREAD_PROCESS_PRIVATE);
