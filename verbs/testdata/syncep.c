@@ -57,6 +57,14 @@ static void comp(struct rdma_cm_id *id, int recv, const char *what)
 		FAIL("%s: %d, status %s", what, n, n == 1 ? ibv_wc_status_str(wc.status) : strerror(errno));
 }
 
+/* the event a synchronous call left in id->event must be want */
+static void left(struct rdma_cm_id *id, enum rdma_cm_event_type want, const char *after)
+{
+	if (!id->event || id->event->event != want)
+		FAIL("id->event after %s: %s, want %s", after, id->event ? rdma_event_str(id->event->event) : "none",
+		     rdma_event_str(want));
+}
+
 static void *client(void *arg)
 {
 	struct rdma_addrinfo *res = addr(port, 0);
@@ -80,8 +88,7 @@ static void *client(void *arg)
 	struct rdma_conn_param p = {.private_data = "hello", .private_data_len = 6};
 	if (rdma_connect(id, &p))
 		FAIL("client rdma_connect: %s", strerror(errno));
-	if (!id->event || id->event->event != RDMA_CM_EVENT_ESTABLISHED)
-		FAIL("client id->event after connect: %s", id->event ? rdma_event_str(id->event->event) : "none");
+	left(id, RDMA_CM_EVENT_ESTABLISHED, "the client's connect");
 	if (id->event->param.conn.private_data_len < 8 || memcmp(id->event->param.conn.private_data, "welcome", 8))
 		FAIL("client: the server's private data not in id->event");
 	if (rdma_post_send(id, NULL, buf, 16, mr, 0))
@@ -92,8 +99,7 @@ static void *client(void *arg)
 		FAIL("client received %.16s", buf + 16);
 	if (rdma_disconnect(id))
 		FAIL("client rdma_disconnect: %s", strerror(errno));
-	if (!id->event || id->event->event != RDMA_CM_EVENT_DISCONNECTED)
-		FAIL("client id->event after disconnect: %s", id->event ? rdma_event_str(id->event->event) : "none");
+	left(id, RDMA_CM_EVENT_DISCONNECTED, "the client's disconnect");
 	rdma_dereg_mr(mr);
 	rdma_destroy_ep(id);
 	return NULL;
@@ -172,8 +178,7 @@ int main(int argc, char **argv)
 	struct rdma_conn_param p = {.private_data = "welcome", .private_data_len = 8};
 	if (rdma_accept(id, &p))
 		FAIL("rdma_accept: %s", strerror(errno));
-	if (!id->event || id->event->event != RDMA_CM_EVENT_ESTABLISHED)
-		FAIL("server id->event after accept: %s", id->event ? rdma_event_str(id->event->event) : "none");
+	left(id, RDMA_CM_EVENT_ESTABLISHED, "accept");
 	comp(id, 1, "server receive");
 	if (strcmp(buf + 16, "ping"))
 		FAIL("server received %.16s", buf + 16);
@@ -206,8 +211,7 @@ int main(int argc, char **argv)
 	rdma_freeaddrinfo(res);
 	if (rdma_connect(c, NULL) == 0 || errno != ECONNREFUSED)
 		FAIL("synchronous connect to a closed port: %s, want ECONNREFUSED", strerror(errno));
-	if (!c->event || c->event->event != RDMA_CM_EVENT_REJECTED)
-		FAIL("refused connect's id->event: %s", c->event ? rdma_event_str(c->event->event) : "none");
+	left(c, RDMA_CM_EVENT_REJECTED, "a refused connect");
 	rdma_destroy_ep(c);
 
 	/* an id of another type is not iWARP's */
