@@ -401,6 +401,9 @@ func (s *session) connectQP(req *ctl.ConnectQP) (any, []*os.File, error) {
 		return nil, nil, fail(ctl.InvalidParameter, "QP %d connected to itself", lqpn)
 	}
 	peer := netip.AddrPortFrom(remote, ib.port).String()
+	// A program written for InfiniBand destroys its QP when it is done,
+	// and its peer's QP does not hear of it until it sends.
+	e.qp.KeepRecvsAtPeerEnd()
 	if !ibActive(local, lqpn, remote, req.RemoteQPN) {
 		x := &expectation{sess: s, e: e, qpn: lqpn, remote: remote, remoteQPN: req.RemoteQPN}
 		// Receives posted before RTR must be in the QP before the

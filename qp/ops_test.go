@@ -325,6 +325,63 @@ func TestCRCErrorTerminates(t *testing.T) {
 	}
 }
 
+// TestKeepRecvsAtPeerEnd: a QP connected the InfiniBand way keeps its
+// receives posted at its peer's end while nothing of its own is
+// outstanding, takes more, and flushes them all once a Send is posted (or
+// at a disconnect, or Reset); with a request outstanding it flushes at once.
+func TestKeepRecvsAtPeerEnd(t *testing.T) {
+	for _, peerErr := range []error{nil, errors.New("reset")} {
+		_, b := newPair(t, pairOpts{})
+		b.q.KeepRecvsAtPeerEnd()
+		rb := b.mem.reg(t, pdB, 64, LocalWrite)
+		recv := func(id uint64) error {
+			return b.q.PostRecv(&RecvWR{ID: id, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}})
+		}
+		must(t, recv(1))
+		must(t, recv(2))
+		b.q.LLPClosed(peerErr)
+		if rc := poll(b.rcq); len(rc) != 0 {
+			t.Fatalf("peer's end (%v): flushed %+v", peerErr, rc)
+		}
+		if len(b.events) != 1 || (b.events[0].Kind == Disconnected) != (peerErr == nil) {
+			t.Fatalf("peer's end (%v): events %+v", peerErr, b.events)
+		}
+		must(t, recv(3))
+		if err := b.q.PostSend(&SendWR{ID: 9, Op: OpSend}); !errors.Is(err, ErrState) {
+			t.Fatalf("a Send after the peer's end: %v", err)
+		}
+		rc := poll(b.rcq)
+		if len(rc) != 3 || rc[0].ID != 1 || rc[2].ID != 3 || rc[2].Status != completion.FlushError {
+			t.Fatalf("receives after the Send: %+v", rc)
+		}
+		if err := recv(4); !errors.Is(err, ErrState) {
+			t.Fatalf("a receive after the flush: %v", err)
+		}
+	}
+	// Kept, then flushed by a disconnect and, apart, by Reset.
+	for _, end := range []func(q *QP){func(q *QP) { q.Disconnect(false) }, func(q *QP) { must(t, q.Reset()) }} {
+		_, b := newPair(t, pairOpts{})
+		b.q.KeepRecvsAtPeerEnd()
+		rb := b.mem.reg(t, pdB, 64, LocalWrite)
+		must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+		b.q.LLPClosed(nil)
+		end(b.q)
+		if rc := poll(b.rcq); len(rc) != 1 || rc[0].Status != completion.FlushError {
+			t.Fatalf("kept receive at the end: %+v", rc)
+		}
+	}
+	// A Send outstanding: the peer's end flushes everything at once.
+	a, _ := newPair(t, pairOpts{})
+	a.q.KeepRecvsAtPeerEnd()
+	ra := a.mem.reg(t, pdA, 64, LocalWrite)
+	must(t, a.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: ra.STag, Addr: ra.Base, Length: 64}}}))
+	must(t, a.q.PostSend(&SendWR{ID: 2, Op: OpSend}))
+	a.q.LLPClosed(errors.New("reset"))
+	if rc, sc := poll(a.rcq), poll(a.scq); len(rc) != 1 || len(sc) != 1 || rc[0].Status != completion.FlushError {
+		t.Fatalf("with a Send outstanding: receives %+v, sends %+v", rc, sc)
+	}
+}
+
 func TestDisconnectFlushes(t *testing.T) {
 	a, b := newPair(t, pairOpts{})
 	rb := b.mem.reg(t, pdB, 64, LocalWrite)

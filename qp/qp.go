@@ -156,6 +156,10 @@ type QP struct {
 	termDone bool
 	ended    bool // the connection is over: no more posts until Reset
 	told     bool // the terminal event was given
+	// quietEnd: the peer's end of the connection flushes no receive
+	// while nothing of ours is outstanding (KeepRecvsAtPeerEnd);
+	// keptRecvs: it ended so, and the receives are still posted.
+	quietEnd, keptRecvs bool
 }
 
 // New creates a QP in Idle. Receives may be posted before Connect.
@@ -288,6 +292,9 @@ type rqe struct {
 // now; the request completes in order with the others.
 func (q *QP) PostSend(wr *SendWR) error {
 	if err := q.canPost(q.sq.full(), len(wr.SGL)); err != nil {
+		// The Send that finds the peer gone, as on InfiniBand, is
+		// what flushes the receives its end kept.
+		q.flushKept()
 		return err
 	}
 	e := sqePool.Get().(*sqe)
@@ -365,7 +372,12 @@ func (q *QP) canPost(full bool, nsge int) error {
 // PostRecv queues a receive buffer. It may be posted in Idle, before the
 // connection exists, so that nothing the peer sends first is dropped.
 func (q *QP) PostRecv(wr *RecvWR) error {
-	if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil {
+	if q.keptRecvs {
+		// kept with the others, as a QP in RTS takes it
+		if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil && !errors.Is(err, ErrState) {
+			return err
+		}
+	} else if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil {
 		return err
 	}
 	e := rqePool.Get().(*rqe)
@@ -545,6 +557,7 @@ func (q *QP) termCause() error {
 func (q *QP) Disconnect(graceful bool) {
 	switch {
 	case q.ended:
+		q.flushKept()
 	case graceful && q.state == RTS:
 		q.state = Closing
 	case graceful && q.state == Idle:
@@ -566,16 +579,42 @@ func (q *QP) LLPClosed(err error) {
 	if q.ended {
 		return
 	}
+	// What an InfiniBand QP would not hear of: its peer gone while
+	// nothing of ours is outstanding.
+	keep := q.quietEnd && q.sq.len() == 0 && q.orq.len() == 0
 	if err == nil && q.state != Terminate {
 		// Our close completing, or the peer's FIN (digest 004 §6,
 		// remote graceful close): what is outstanding is flushed.
-		q.enterError(nil, Disconnected)
+		q.enterErrorKeeping(nil, Disconnected, keep)
 		return
 	}
 	if err == nil {
 		err = ddp.LLPConnectionLost
 	}
-	q.enterError(err, Broken)
+	q.enterErrorKeeping(err, Broken, keep)
+}
+
+// KeepRecvsAtPeerEnd makes the QP an InfiniBand QP's likeness at its
+// peer's end, for a QP connected the InfiniBand way (by QPN at RTR,
+// without the RDMA-CM): there a QP does not learn that its peer's QP is
+// gone until it sends, and programs written for it destroy their QP
+// when they are done, without a word to the peer. So an end of the
+// connection that finds nothing of ours outstanding (no request in the
+// send queue, no Read awaiting its response) flushes no receive: they
+// stay posted, and more may be posted, until a Send is posted (it fails
+// and they are flushed after it), a disconnect, or Reset. Otherwise a
+// program that polls its last completion together with a flushed
+// receive (ibv_rc_pingpong takes two at a time) fails a run that
+// succeeded. The terminal event is given as ever.
+func (q *QP) KeepRecvsAtPeerEnd() { q.quietEnd = true }
+
+// flushKept flushes the receives the peer's end kept (KeepRecvsAtPeerEnd).
+func (q *QP) flushKept() {
+	if !q.keptRecvs {
+		return
+	}
+	q.keptRecvs = false
+	q.flushRecvs(ddp.LLPConnectionLost)
 }
 
 // fail is a local catastrophic error.
@@ -585,7 +624,10 @@ func (q *QP) fail(err error) { q.enterError(err, Broken) }
 // once. An orderly close ends in Idle (digest 004 §6: "LLP Closed"), any
 // other end in Error; either way the connection is over, and only Reset
 // makes the QP usable again.
-func (q *QP) enterError(err error, kind EventKind) {
+func (q *QP) enterError(err error, kind EventKind) { q.enterErrorKeeping(err, kind, false) }
+
+// enterErrorKeeping is enterError, the receives left posted if keep.
+func (q *QP) enterErrorKeeping(err error, kind EventKind, keep bool) {
 	q.state = Error
 	q.ended = true
 	q.rx.drop()
@@ -608,11 +650,10 @@ func (q *QP) enterError(err error, kind EventKind) {
 		}
 	}
 	q.retire()
-	for q.rq.len() > 0 {
-		q.pushed = true
-		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: q.rq.get(0).id, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
-			Status: completion.FlushError, Err: err})
-		q.popRecv()
+	if keep && q.rq.len() > 0 {
+		q.keptRecvs = true
+	} else {
+		q.flushRecvs(err)
 	}
 	if !q.told {
 		q.told = true
@@ -623,12 +664,23 @@ func (q *QP) enterError(err error, kind EventKind) {
 	}
 }
 
+// flushRecvs completes every posted receive flushed.
+func (q *QP) flushRecvs(err error) {
+	for q.rq.len() > 0 {
+		q.pushed = true
+		_ = q.cfg.RecvCQ.Push(completion.Completion{ID: q.rq.get(0).id, QPN: q.cfg.QPN, Opcode: completion.OpRecv,
+			Status: completion.FlushError, Err: err})
+		q.popRecv()
+	}
+}
+
 // Reset returns a QP whose connection ended to a fresh Idle, so that it
 // can connect again (DAT ep_reset). Receives may be posted after it.
 func (q *QP) Reset() error {
 	if !q.ended {
 		return ErrState
 	}
+	q.flushKept()
 	*q = QP{cfg: q.cfg, ird: q.cfg.IRD, ord: q.cfg.ORD, sq: q.sq, rq: q.rq, orq: q.orq, irq: q.irq}
 	q.sendMSN, q.readMSN, q.atomicRspMSN = 1, 1, 1
 	q.expSend, q.expRead, q.expAtomicRsp = 1, 1, 1

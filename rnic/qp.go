@@ -371,6 +371,15 @@ func (q *QP) PostRecv(wr *qp.RecvWR) error {
 	return q.eng.PostRecv(wr)
 }
 
+// KeepRecvsAtPeerEnd: the peer's end of the connection, with nothing of
+// ours outstanding, flushes no receive until a Send, a disconnect or a
+// reset (qp.QP.KeepRecvsAtPeerEnd): for a QP connected the InfiniBand way.
+func (q *QP) KeepRecvsAtPeerEnd() {
+	q.mu.Lock()
+	q.eng.KeepRecvsAtPeerEnd()
+	q.unlock()
+}
+
 // PostedRecvs is the number of receives posted and not yet completed.
 func (q *QP) PostedRecvs() int {
 	q.mu.Lock()
