@@ -535,6 +535,16 @@ func TestSynchronousEndpoints(t *testing.T) {
 	runOK(t, "syncep", startDaemon(t), strconv.Itoa(freePort(t)))
 }
 
+// What an id hears once its QP is gone, and the synchronous calls, hold
+// at their edges: an unread REJECTED or ESTABLISHED outlives the QP's
+// destruction, a request taken in with it is refused when its listener
+// goes, a peer's reset before rdma_accept fails the accept, a synchronous
+// connect to a peer that resets or stays silent fails, and bad arguments
+// fail with errno (testdata/syncedge.c).
+func TestSynchronousEdges(t *testing.T) {
+	runOK(t, "syncedge", startDaemon(t), strconv.Itoa(freePort(t)))
+}
+
 // compile builds the libraries and testdata/NAME.c against them.
 func compile(t *testing.T, name string) (bin, lib string) {
 	t.Helper()

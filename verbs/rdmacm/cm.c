@@ -475,6 +475,17 @@ static int complete(struct cm_id *i)
 	return err ? fail(err) : 0;
 }
 
+/* unlink_id takes i off c's list; mu held. */
+static void unlink_id(struct cm_channel *c, struct cm_id *i)
+{
+	for (struct cm_id **p = &c->ids; *p; p = &(*p)->next) {
+		if (*p == i) {
+			*p = i->next;
+			break;
+		}
+	}
+}
+
 static int call_handle(uint16_t op, uint32_t h)
 {
 	uint8_t b[4];
@@ -501,24 +512,28 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	while (i->events)
 		pthread_cond_wait(&acked, &mu);
 	struct cm_channel *c = i->chan;
-	for (struct cm_id **p = &c->ids; *p; p = &(*p)->next) {
-		if (*p == i) {
-			*p = i->next;
-			break;
-		}
-	}
-	/* events made here for it and not yet returned go with it */
+	unlink_id(c, i);
+	/* events made here for it and not yet returned go with it; a
+	 * request to it not yet returned, with the request's id, refused
+	 * below */
+	struct cm_id *orphans = NULL;
 	struct cm_event **q = &c->head;
 	c->tail = NULL;
 	while (*q) {
-		if ((*q)->ev.id == id || (*q)->ev.listen_id == id) {
-			struct cm_event *e = *q;
+		struct cm_event *e = *q;
+		if (e->ev.id == id || e->ev.listen_id == id) {
 			*q = e->next;
+			if (e->ev.listen_id == id) {
+				struct cm_id *n = to_id(e->ev.id);
+				unlink_id(c, n);
+				n->next = orphans;
+				orphans = n;
+			}
 			free(e);
 			continue;
 		}
-		c->tail = *q;
-		q = &(*q)->next;
+		c->tail = e;
+		q = &e->next;
 	}
 	int last = i->sync || (c->destroyed && !c->ids);
 	pthread_mutex_unlock(&mu);
@@ -528,6 +543,12 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 		call_handle(SRN_OP_FREE_PORT, i->reserve);
 	if (i->cr)
 		reject(i->cr, NULL, 0);
+	while (orphans) {
+		struct cm_id *n = orphans;
+		orphans = n->next;
+		reject(n->cr, NULL, 0);
+		free(n);
+	}
 	if (last)
 		free_channel(c);
 	free(i->qp_init_attr);
@@ -767,13 +788,35 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *
 	return r;
 }
 
+static struct cm_event *translate(struct cm_channel *c, const struct srn_eve *v);
+
+/* collect queues, translated, the daemon's events waiting in the
+ * channel's ring; mu held. */
+static void collect(struct cm_channel *c)
+{
+	for (;;) {
+		struct srn_eve v;
+		pthread_spin_lock(&c->evd.lock);
+		int r = srn_evd_next(&c->evd, &v);
+		pthread_spin_unlock(&c->evd.lock);
+		if (r <= 0)
+			return;
+		struct cm_event *e = translate(c, &v);
+		if (e)
+			post(c, e);
+	}
+}
+
 /*
- * rdma_destroy_qp ends the id's connection with its QP. The daemon tells
- * nothing more of it, but a kernel's id goes on to hear DISCONNECTED once
- * the connection has closed, and programs wait for that (cmtime destroys
- * each QP right after rdma_disconnect, then waits for every id's
- * DISCONNECTED): an id that connected and has not been told how its
- * connection ended is told DISCONNECTED here, once.
+ * rdma_destroy_qp ends the id's connection with its QP. What the daemon
+ * said of the QP's endpoint until it went (ibv_destroy_qp returns once
+ * it has) is the id's still, as a kernel id's events are the id's, not
+ * its QP's: a REJECTED or ESTABLISHED not read yet is heard. The daemon
+ * tells nothing more of it, but a kernel's id goes on to hear
+ * DISCONNECTED once the connection has closed, and programs wait for
+ * that (cmtime destroys each QP right after rdma_disconnect, then waits
+ * for every id's DISCONNECTED): an id that connected and has not been
+ * told how its connection ended is told DISCONNECTED here, once.
  */
 EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 {
@@ -783,12 +826,17 @@ EXPORT void rdma_destroy_qp(struct rdma_cm_id *id)
 	pthread_mutex_lock(&mu);
 	struct ibv_qp *qp = id->qp;
 	id->qp = NULL;
-	i->ep = 0; /* its events from now on concern nothing */
 	pthread_mutex_unlock(&mu);
 	if (qp)
 		ibv_destroy_qp(qp);
 	destroy_cqs(id);
 	pthread_mutex_lock(&mu);
+	if (qp) {
+		/* the daemon's handles are not used again soon: none of the
+		 * ring's names another EP yet */
+		collect(i->chan);
+		i->ep = 0; /* its events from now on concern nothing */
+	}
 	if (qp && i->live && !i->ended && !i->dead && !i->removed) {
 		struct cm_event *e = new_event(i, RDMA_CM_EVENT_DISCONNECTED, 0);
 		if (e)
@@ -1095,19 +1143,14 @@ static void move(struct cm_id *i, struct cm_channel *to, int sync, int held)
 	while (i->events > held)
 		pthread_cond_wait(&acked, &mu);
 	struct cm_channel *from = i->chan;
-	for (struct cm_id **p = &from->ids; *p; p = &(*p)->next) {
-		if (*p == i) {
-			*p = i->next;
-			break;
-		}
-	}
+	unlink_id(from, i);
 	i->next = to->ids;
 	to->ids = i;
 	struct cm_event **q = &from->head;
 	from->tail = NULL;
 	while (*q) {
 		struct cm_event *e = *q;
-		if (e->ev.id == &i->id) {
+		if (e->ev.id == &i->id && !e->ev.listen_id) {
 			*q = e->next;
 			post(to, e);
 			continue;
