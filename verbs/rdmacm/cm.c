@@ -920,17 +920,30 @@ EXPORT int rdma_reject(struct rdma_cm_id *id, const void *pdata, uint8_t len)
 	return err ? fail(err) : 0;
 }
 
+/*
+ * rdma_disconnect: a synchronous id waits for its DISCONNECTED unless no
+ * connection of it is left to hear the end of: it never connected, or
+ * its connection's end (DISCONNECTED, REJECTED...) was heard already.
+ * The daemon's disconnect of an endpoint that has ended is a no-op that
+ * tells nothing, and rdma-core's ucma_complete would wait for ever.
+ */
 EXPORT int rdma_disconnect(struct rdma_cm_id *id)
 {
 	if (!id || !id->qp)
 		return fail(EINVAL);
+	struct cm_id *i = to_id(id);
 	struct srn_w w = {0};
 	srn_wn(&w, id->qp->handle, 4);
 	srn_wn(&w, 1, 1); /* graceful */
 	int err = srn_call(&ctx()->sess, SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
 	if (err == EBUSY)
 		return 0; /* not connected (any more): nothing to end, nothing to wait for */
-	return err ? fail(err) : complete(to_id(id)); /* a synchronous id: DISCONNECTED */
+	if (err)
+		return fail(err);
+	pthread_mutex_lock(&mu);
+	int over = !i->live || i->ended;
+	pthread_mutex_unlock(&mu);
+	return over ? 0 : complete(i); /* a synchronous id: DISCONNECTED */
 }
 
 /* parse_addr reads "a.b.c.d:port". */
@@ -1386,6 +1399,8 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 	struct cm_id *l = to_id(listen);
 	if (!l->sync)
 		return fail(EINVAL); /* an asynchronous listener's requests come to its channel */
+	if (!l->psp)
+		return fail(EINVAL); /* not listening: no request would come (rdma-core's waits for ever) */
 	drop_event(listen);
 	struct rdma_cm_event *e;
 	if (rdma_get_cm_event(listen->channel, &e))

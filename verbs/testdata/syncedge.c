@@ -7,6 +7,11 @@
  *     in its place (the kernel's events are the id's, not its QP's); a
  *     request taken in with them and not read yet is refused when its
  *     listener goes;
+ *   - a synchronous call with nothing to wait for returns: rdma_get_request
+ *     of an id that does not listen (EINVAL), a second rdma_disconnect;
+ *   - two threads in rdma_get_request on one listener each get a request;
+ *   - rdma_disconnect of a synchronous id whose peer disconnected or reset
+ *     first leaves the peer's DISCONNECTED in id->event, as rdma-core's;
  *   - a peer that resets its connection before rdma_accept: the accept
  *     fails, or returns with ESTABLISHED in id->event, never with 0 and
  *     another event; a synchronous connect to a peer that resets fails,
@@ -14,7 +19,7 @@
  *   - bad arguments and states: -1 with errno, no crash.
  * Prints "ok" and exits 0, or names what failed.
  *
- *   syncedge PORT [unread|reset|hostile|bad]   (one part only)
+ *   syncedge PORT [unread|threads|reset|hostile|bad]   (one part only)
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -241,6 +246,99 @@ static void request_with_listener(void)
 	rdma_destroy_event_channel(cch);
 }
 
+static struct rdma_cm_id *sync_listener;
+
+struct getter {
+	pthread_t t;
+	struct rdma_cm_id *id; /* the request's, accepted */
+	int err;               /* rdma_get_request's errno, or 0 */
+};
+
+/* rdma_get_request on sync_listener, and the request accepted */
+static void *get(void *arg)
+{
+	struct getter *g = arg;
+	g->id = NULL;
+	g->err = 0;
+	struct rdma_cm_id *id;
+	if (rdma_get_request(sync_listener, &id)) {
+		g->err = errno;
+		return NULL;
+	}
+	if (rdma_accept(id, NULL))
+		FAIL("rdma_accept of a request got by a second thread: %s", strerror(errno));
+	g->id = id;
+	return NULL;
+}
+
+/* a synchronous client of sync_listener */
+static void *connect_ep(void *arg)
+{
+	struct rdma_cm_id **out = arg;
+	struct rdma_addrinfo *res = addr(port + 1, 0);
+	struct ibv_qp_init_attr a = qp_attr();
+	if (rdma_create_ep(out, res, NULL, &a))
+		FAIL("client rdma_create_ep: %s", strerror(errno));
+	rdma_freeaddrinfo(res);
+	if (rdma_connect(*out, NULL))
+		FAIL("client rdma_connect: %s", strerror(errno));
+	left(*out, RDMA_CM_EVENT_ESTABLISHED, "a connect");
+	return NULL;
+}
+
+/* two threads in rdma_get_request on one listener */
+static void threads(void)
+{
+	struct rdma_addrinfo *res = addr(port + 1, 1);
+	struct ibv_qp_init_attr la = qp_attr();
+	if (rdma_create_ep(&sync_listener, res, NULL, &la) || rdma_listen(sync_listener, 4))
+		FAIL("passive ep: %s", strerror(errno));
+	rdma_freeaddrinfo(res);
+	struct getter g[2];
+	pthread_t c[2];
+	struct rdma_cm_id *cli[2];
+	for (int k = 0; k < 2; k++)
+		if (pthread_create(&g[k].t, NULL, get, &g[k]))
+			FAIL("pthread_create");
+	usleep(100000);
+	for (int k = 0; k < 2; k++)
+		if (pthread_create(&c[k], NULL, connect_ep, &cli[k]))
+			FAIL("pthread_create");
+	for (int k = 0; k < 2; k++) {
+		join(c[k], "a synchronous client's connect");
+		join(g[k].t, "rdma_get_request with two requests for two threads");
+		if (g[k].err || !g[k].id)
+			FAIL("rdma_get_request in thread %d: %s", k, strerror(g[k].err));
+	}
+	if (g[0].id == g[1].id)
+		FAIL("both threads got the same request");
+	for (int k = 0; k < 2; k++) {
+		/* the first client disconnects, the second resets (its QP
+		 * destroyed while connected) */
+		if (k == 0 && rdma_disconnect(cli[k]))
+			FAIL("client rdma_disconnect: %s", strerror(errno));
+		if (k == 0)
+			left(cli[k], RDMA_CM_EVENT_DISCONNECTED, "the client's disconnect");
+		rdma_destroy_ep(cli[k]);
+		/* the peer disconnected first (and its end has reached the
+		 * server's daemon): what the server's id is left with is the
+		 * peer's DISCONNECTED, as over rdma-core */
+		usleep(200000);
+		if (rdma_disconnect(g[k].id))
+			FAIL("server rdma_disconnect after the peer's: %s", strerror(errno));
+		left(g[k].id, RDMA_CM_EVENT_DISCONNECTED, "a disconnect after the peer's");
+		/* and a second disconnect has nothing to wait for */
+		waiting = "a second rdma_disconnect";
+		alarm(10);
+		if (rdma_disconnect(g[k].id))
+			FAIL("a second rdma_disconnect: %s", strerror(errno));
+		alarm(0);
+		rdma_destroy_ep(g[k].id);
+	}
+
+	rdma_destroy_ep(sync_listener);
+}
+
 /* A peer that sends its MPA request, then resets the connection before
  * the request is accepted. */
 static void reset_before_accept(void)
@@ -374,6 +472,11 @@ static void bad(void)
 	if (rdma_create_ep(&l, res, NULL, NULL))
 		FAIL("passive rdma_create_ep: %s", strerror(errno));
 	EXPECT_FAIL(rdma_get_request(l, NULL), EINVAL);
+	/* not listening: nothing would ever come */
+	waiting = "rdma_get_request of an id that does not listen";
+	alarm(5);
+	EXPECT_FAIL(rdma_get_request(l, &id), EINVAL);
+	alarm(0);
 	EXPECT_FAIL(rdma_accept(l, NULL), EINVAL);   /* no QP, no request */
 	EXPECT_FAIL(rdma_connect(l, NULL), EINVAL);  /* no QP */
 	EXPECT_FAIL(rdma_create_qp(l, NULL, NULL), EINVAL);
@@ -415,6 +518,8 @@ int main(int argc, char **argv)
 		rdma_destroy_event_channel(sch);
 		request_with_listener();
 	}
+	if (RUN("threads"))
+		threads();
 	if (RUN("reset"))
 		reset_before_accept();
 	if (RUN("hostile"))
