@@ -95,7 +95,8 @@ func perftestRow(size int) *regexp.Regexp {
 // through the replacement libibverbs.so.1 and librdmacm.so.1, on each
 // datapath: two namespaces, a softrnicd in each, perftest with the
 // RDMA-CM (-R) and without (the QPs connected the InfiniBand way, by
-// QPN and GID at RTR: daemon/ibconn.go) and rping with verification, each
+// QPN and GID at RTR: daemon/ibconn.go), ibv_rc_pingpong (the same way,
+// its buffers checked) and rping with verification, each
 // judged by its own output and exit status; qperf's rc_bw, rc_lat and
 // rc_rdma_read_bw, with the RDMA-CM and without (by QPN and LID);
 // librdmacm's examples (ucmatose, rdma_server, rdma_xserver, cmtime and
@@ -108,12 +109,12 @@ func TestVerbsPrograms(t *testing.T) {
 	testenv.RequireTool(t, "stdbuf")
 	tools := map[string]string{}
 	for _, name := range []string{"ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_read_lat", "rping", "qperf", "fio",
-		"ucmatose", "rdma_server", "rdma_client", "rdma_xserver", "rdma_xclient", "cmtime"} {
+		"ibv_rc_pingpong", "ucmatose", "rdma_server", "rdma_client", "rdma_xserver", "rdma_xclient", "cmtime"} {
 		tools[name] = testenv.RequireTool(t, name)
 	}
 	// Debian's own binaries, unmodified: dpkg checks every file of the
 	// packages against their checksums.
-	if out, err := exec.Command("dpkg", "-V", "perftest", "rdmacm-utils", "qperf", "fio").CombinedOutput(); err != nil || len(out) > 0 {
+	if out, err := exec.Command("dpkg", "-V", "perftest", "rdmacm-utils", "ibverbs-utils", "qperf", "fio").CombinedOutput(); err != nil || len(out) > 0 {
 		t.Fatalf("the programs are not Debian's as installed: %v %s", err, out)
 	}
 	for _, dp := range []string{"kernel", "xdp"} {
@@ -190,6 +191,32 @@ func TestVerbsPrograms(t *testing.T) {
 				}
 				if !t.Failed() {
 					t.Logf("%s:\n%s", what, lastLines(string(out), 3))
+				}
+			}
+
+			// ibv_rc_pingpong, connected the InfiniBand way with its
+			// received buffers checked (-c): by GID and polling, by LID
+			// and sleeping on completion events (-e). Its server goes
+			// to RTS before it sends the client its QPN, so RTS must
+			// not wait for the connection.
+			for _, args := range [][]string{{"-g", "0", "-c", "-n", "1000"}, {"-e", "-c", "-n", "500", "-s", "65536"}} {
+				port++
+				common := append([]string{tools["ibv_rc_pingpong"], "-d", "softrnic0", "-p", fmt.Sprint(port)}, args...)
+				srv := startBackground(t, verbsEnv(net.B, lib, sockB, 60, common...))
+				waitListen(t, net.B, port)
+				out, err := verbsEnv(net.A, lib, sockA, 60, append(common, server)...).CombinedOutput()
+				sout, serr := srv.wait()
+				n := args[slices.Index(args, "-n")+1]
+				for _, r := range []struct {
+					side, out string
+					err       error
+				}{{"client", string(out), err}, {"server", sout, serr}} {
+					if r.err != nil || !strings.Contains(r.out, "\n"+n+" iters in ") {
+						t.Errorf("ibv_rc_pingpong %v %s: %v, want %s iters:\n%s", args, r.side, r.err, n, r.out)
+					}
+				}
+				if !t.Failed() {
+					t.Logf("ibv_rc_pingpong %v:\n%s", args, lastLines(string(out), 2))
 				}
 			}
 

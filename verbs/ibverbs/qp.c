@@ -386,10 +386,39 @@ static void gone(struct srn_session *s, uint32_t h)
 	}
 }
 
+/* state is the QP's state as the daemon publishes its EP's in the send
+ * ring (ctl.EP*): connected is RTS; one that was and is no more, error. */
+static enum ibv_qp_state state(struct srn_qp *q)
+{
+	uint32_t s = __atomic_load_n(srn_word(&q->sq, SRN_RING_STATE), __ATOMIC_ACQUIRE);
+	switch (s) {
+	case SRN_EP_CONNECTED: return IBV_QPS_RTS;
+	case SRN_EP_DISCONNECT_PENDING: return IBV_QPS_SQD;
+	case SRN_EP_DISCONNECTED: return IBV_QPS_ERR;
+	default:
+		/* not connected (yet): ERR and RTR as the program set them,
+		 * and RTS on a QP connecting the InfiniBand way */
+		if (q->qp.state == IBV_QPS_ERR || q->qp.state == IBV_QPS_RTR || (q->ib && q->qp.state == IBV_QPS_RTS))
+			return q->qp.state;
+		return IBV_QPS_INIT;
+	}
+}
+
 int srn_qp_destroy(struct ibv_qp *qp)
 {
 	struct srn_qp *q = to_qp(qp);
 	struct srn_session *s = srn_session_of(qp->context);
+	if (q->ib && state(q) == IBV_QPS_RTS) {
+		/* A program written for InfiniBand ends its connection so,
+		 * its last Sends completed but perhaps not yet all on the
+		 * wire: they go, then our FIN, rather than a reset that
+		 * would throw them away (the daemon frees a graceful close
+		 * with nothing left to send in order). */
+		struct srn_w w = {0};
+		srn_wn(&w, qp->handle, 4);
+		srn_wn(&w, 1, 1); /* graceful */
+		(void)srn_call(s, SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
+	}
 	int err = free_ep(s, qp->handle);
 	if (err)
 		return err;
@@ -435,21 +464,6 @@ uint32_t srn_qpn_of(struct srn_context *c, uint32_t ep)
 	}
 	pthread_mutex_unlock(&c->qmu);
 	return qpn;
-}
-
-/* state is the QP's state as the daemon publishes its EP's in the send
- * ring (ctl.EP*): connected is RTS; one that was and is no more, error. */
-static enum ibv_qp_state state(struct srn_qp *q)
-{
-	uint32_t s = __atomic_load_n(srn_word(&q->sq, SRN_RING_STATE), __ATOMIC_ACQUIRE);
-	switch (s) {
-	case SRN_EP_CONNECTED: return IBV_QPS_RTS;
-	case SRN_EP_DISCONNECT_PENDING: return IBV_QPS_SQD;
-	case SRN_EP_DISCONNECTED: return IBV_QPS_ERR;
-	default:
-		/* not connected (yet): ERR and RTR as the program set them */
-		return q->qp.state == IBV_QPS_ERR || q->qp.state == IBV_QPS_RTR ? q->qp.state : IBV_QPS_INIT;
-	}
 }
 
 EXPORT int srn_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask, struct ibv_qp_init_attr *init)
@@ -516,44 +530,18 @@ static int ib_connect(struct srn_qp *q, const struct ibv_qp_attr *attr)
 	return 0;
 }
 
-/* SRN_IB_RTS_WAIT_MS bounds ibv_modify_qp to RTS on a QP connecting the
- * InfiniBand way: past the daemon's own bound (daemon.DefaultIBConnTimeout,
- * 15 s), so that what it decides comes first. */
-#define SRN_IB_RTS_WAIT_MS 20000
-
-static uint64_t now_ms(void)
-{
-	struct timespec t;
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
-}
-
-/* ib_established waits, at RTS, for the connection ib_connect began, so
- * that the program's first post goes out on it: 0 once it is up,
- * ETIMEDOUT when the daemon gave up on it (the QP is then in ERR) or the
- * wait ran out. The state is read from the send ring: no system call. */
-static int ib_established(struct srn_qp *q)
-{
-	uint64_t end = now_ms() + SRN_IB_RTS_WAIT_MS;
-	for (int i = 0;; i++) {
-		uint32_t s = __atomic_load_n(srn_word(&q->sq, SRN_RING_STATE), __ATOMIC_ACQUIRE);
-		if (s == SRN_EP_CONNECTED)
-			return 0;
-		if (s == SRN_EP_DISCONNECT_PENDING || s == SRN_EP_DISCONNECTED)
-			return ETIMEDOUT;
-		if (now_ms() >= end)
-			return ETIMEDOUT;
-		usleep(i < 100 ? 100 : 1000);
-	}
-}
-
 /*
  * ibv_modify_qp: an iWARP QP's states follow its connection. On a QP of
  * the RDMA-CM, which makes the connection, the transitions an application
  * asks for on the way (INIT, RTR, RTS) are noted, and an attempt to
  * connect it the InfiniBand way is refused (EINVAL), as siw refuses it. On
  * a QP of the verbs alone, RTR naming the peer's QP and address starts
- * its connection (ib_connect) and RTS waits until it is up. A move to ERR
+ * its connection (ib_connect) and RTS returns at once, as on InfiniBand:
+ * ibv_rc_pingpong's server goes to RTS before it sends the client the
+ * QPN the client's RTR needs, so waiting there for the connection would
+ * wait for ever. What is posted meanwhile goes out once the connection
+ * is up; a connection that never comes puts the QP in ERR, and what was
+ * posted completes flushed. A move to ERR
  * ends the connection at once, flushing what is outstanding. Other
  * attributes are the connection's and are not changed here.
  */
@@ -584,11 +572,6 @@ EXPORT int srn_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 		 * looks ready and never moves a message. */
 		if ((mask & (IBV_QP_AV | IBV_QP_DEST_QPN)) && state(q) != IBV_QPS_RTS)
 			return EINVAL;
-		if (attr->qp_state == IBV_QPS_RTS && q->ib) {
-			int err = ib_established(q);
-			if (err)
-				return err;
-		}
 		/* fall through */
 	case IBV_QPS_RESET:
 	case IBV_QPS_INIT:

@@ -3,11 +3,14 @@
  * without the RDMA-CM, as perftest without -R and qperf without -cm1 do:
  * ibv_modify_qp to INIT, RTR naming the peer's qp_num and its address
  * (the GRH's dgid for one pair, the LID alone for the other), then RTS,
- * which returns once the connection is up. Each pair then moves a Send and
- * an RDMA Write, and a completion names its QP by the qp_num the program
- * was given. A QP the RDMA-CM owns still refuses such an RTR, and one
- * naming a QP nobody has fails at RTS. Prints "ok" and exits 0, or names
- * what failed.
+ * which returns at once, as on InfiniBand: one side of each pair goes to
+ * RTS and posts a Send before the other's RTR, as ibv_rc_pingpong's
+ * server does, and the Send arrives once the connection is up. Each pair
+ * then moves a Send and an RDMA Write, and a completion names its QP by
+ * the qp_num the program was given. A QP whose peer's QP is destroyed
+ * keeps its receives posted until it sends. A QP the RDMA-CM owns still
+ * refuses such an RTR, and one naming a QP nobody has goes to ERR, what
+ * was posted on it flushed. Prints "ok" and exits 0, or names what failed.
  *
  *   ibconnect
  */
@@ -87,12 +90,36 @@ static int rts(struct side *s)
 						 IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
+static void post_recv(struct side *s)
+{
+	struct ibv_sge rs = {.addr = (uintptr_t)s->buf, .length = 64, .lkey = s->mr->lkey};
+	struct ibv_recv_wr rw = {.wr_id = 7, .sg_list = &rs, .num_sge = 1}, *bad;
+	if (ibv_post_recv(s->qp, &rw, &bad))
+		FAIL("ibv_post_recv");
+}
+
+static void post_send(struct side *s, uint32_t len)
+{
+	struct ibv_sge ss = {.addr = (uintptr_t)s->buf, .length = len, .lkey = s->mr->lkey};
+	struct ibv_send_wr sw = {.wr_id = 8, .sg_list = &ss, .num_sge = 1, .opcode = IBV_WR_SEND,
+				 .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad;
+	if (ibv_post_send(s->qp, &sw, &bad))
+		FAIL("ibv_post_send");
+}
+
+static enum ibv_qp_state qp_state(struct side *s)
+{
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	if (ibv_query_qp(s->qp, &qa, IBV_QP_STATE, &qi))
+		FAIL("ibv_query_qp: %s", strerror(errno));
+	return qa.qp_state;
+}
+
 static void transfer(struct side *a, struct side *b)
 {
-	struct ibv_sge rs = {.addr = (uintptr_t)b->buf, .length = 64, .lkey = b->mr->lkey};
-	struct ibv_recv_wr rw = {.wr_id = 7, .sg_list = &rs, .num_sge = 1}, *rbad;
-	if (ibv_post_recv(b->qp, &rw, &rbad))
-		FAIL("ibv_post_recv");
+	post_recv(b);
 	strcpy(a->buf, "a Send");
 	strcpy(a->buf + 64, "an RDMA Write");
 	struct ibv_sge ss = {.addr = (uintptr_t)a->buf, .length = 7, .lkey = a->mr->lkey};
@@ -122,6 +149,32 @@ static void transfer(struct side *a, struct side *b)
 		FAIL("received %s / %s", b->buf, b->buf + 128);
 }
 
+/* early: FIRST goes to RTR and RTS naming SECOND and posts a Send before
+ * SECOND's RTR, which SECOND makes only then, its receive posted before
+ * (ibv_rc_pingpong's order: its server is at RTS before it tells the
+ * client its QPN). The Send arrives once the connection is up. */
+static void early(struct side *first, struct side *second, const union ibv_gid *gid, uint16_t lid)
+{
+	post_recv(second);
+	if (rtr(first, second->qp->qp_num, gid, lid))
+		FAIL("RTR of the first side: %s", strerror(errno));
+	int err = rts(first);
+	if (err)
+		FAIL("RTS before the peer's RTR: %s", strerror(err));
+	if (qp_state(first) != IBV_QPS_RTS)
+		FAIL("QP in state %d after RTS, want RTS", qp_state(first));
+	strcpy(first->buf, "early");
+	post_send(first, 6);
+	if (rtr(second, first->qp->qp_num, gid, lid) || (err = rts(second)))
+		FAIL("RTR and RTS of the second side: %s", strerror(err ? err : errno));
+	struct ibv_wc wc = wait_wc(first->cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 8)
+		FAIL("early Send: %s", ibv_wc_status_str(wc.status));
+	wc = wait_wc(second->cq);
+	if (wc.status != IBV_WC_SUCCESS || wc.opcode != IBV_WC_RECV || wc.byte_len != 6 || strcmp(second->buf, "early"))
+		FAIL("early receive: %s, %u octets", ibv_wc_status_str(wc.status), wc.byte_len);
+}
+
 int main(void)
 {
 	struct ibv_device **list = ibv_get_device_list(NULL);
@@ -145,20 +198,15 @@ int main(void)
 	if (s[0].qp->qp_num == s[1].qp->qp_num || s[0].qp->qp_num == 0)
 		FAIL("qp_num %u and %u", s[0].qp->qp_num, s[1].qp->qp_num);
 
-	/* Pair 0-1 by GID, 2-3 by LID; both RTRs before either RTS, as two
-	 * programs that swapped their numbers would. */
-	if (rtr(&s[0], s[1].qp->qp_num, &gid, 0) || rtr(&s[1], s[0].qp->qp_num, &gid, 0))
-		FAIL("RTR by GID: %s", strerror(errno));
-	if (rtr(&s[2], s[3].qp->qp_num, NULL, port.lid) || rtr(&s[3], s[2].qp->qp_num, NULL, port.lid))
-		FAIL("RTR by LID: %s", strerror(errno));
-	struct ibv_qp_attr qa;
-	struct ibv_qp_init_attr qi;
+	/* Pair 0-1 by GID, the passive side (the higher QPN) first; 2-3 by
+	 * LID, the active side first. */
+	int hi = s[1].qp->qp_num > s[0].qp->qp_num;
+	early(&s[hi], &s[!hi], &gid, 0);
+	int lo = s[3].qp->qp_num < s[2].qp->qp_num;
+	early(&s[2 + lo], &s[2 + !lo], NULL, port.lid);
 	for (int i = 0; i < 4; i++) {
-		int err = rts(&s[i]);
-		if (err)
-			FAIL("RTS %d: %s", i, strerror(err));
-		if (ibv_query_qp(s[i].qp, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_RTS)
-			FAIL("QP %d in state %d after RTS", i, qa.qp_state);
+		if (qp_state(&s[i]) != IBV_QPS_RTS)
+			FAIL("QP %d in state %d once connected", i, qp_state(&s[i]));
 	}
 	transfer(&s[0], &s[1]);
 	transfer(&s[1], &s[0]);
@@ -168,19 +216,54 @@ int main(void)
 	if (rtr(&s[0], s[1].qp->qp_num, &gid, 0) != EINVAL)
 		FAIL("second RTR accepted");
 
-	/* A QP naming one nobody has: RTR goes, RTS fails within the
-	 * daemon's bound (the test's daemon: 1 s), the QP in ERR. */
+	/* The peer's QP destroyed, as a program written for InfiniBand ends
+	 * (ibv_rc_pingpong): a receive posted here stays posted, as an
+	 * InfiniBand QP hears nothing of it, so that a program taking its
+	 * last completions two at a time finds no flushed one among them;
+	 * the next Send fails, and the receive is flushed with it. */
+	post_recv(&s[0]);
+	if (ibv_destroy_qp(s[1].qp))
+		FAIL("ibv_destroy_qp: %s", strerror(errno));
+	s[1].qp = NULL;
+	for (int i = 0; qp_state(&s[0]) != IBV_QPS_ERR; i++) {
+		if (i == 10000)
+			FAIL("the peer's end not seen in 10 s");
+		usleep(1000);
+	}
+	usleep(100000);
+	struct ibv_wc wc;
+	if (ibv_poll_cq(s[0].cq, 1, &wc) != 0)
+		FAIL("a completion (%s, wr_id %lu) after the peer's end", ibv_wc_status_str(wc.status), (unsigned long)wc.wr_id);
+	post_send(&s[0], 1);
+	int sent = 0, flushed = 0;
+	for (int i = 0; i < 2; i++) {
+		wc = wait_wc(s[0].cq);
+		if (wc.wr_id == 8 && wc.status != IBV_WC_SUCCESS)
+			sent++;
+		else if (wc.wr_id == 7 && wc.status == IBV_WC_WR_FLUSH_ERR)
+			flushed++;
+		else
+			FAIL("after the peer's end: wr_id %lu %s", (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status));
+	}
+	if (sent != 1 || flushed != 1)
+		FAIL("after the peer's end: %d failed Sends and %d flushed receives, want one of each", sent, flushed);
+
+	/* A QP naming one nobody has: RTR and RTS go; within the daemon's
+	 * bound (the test's daemon: 1 s) the QP is in ERR and what was
+	 * posted on it completes flushed. */
 	struct side lone;
 	make(ctx, pd, &lone);
-	if (rtr(&lone, 0xffffff, &gid, 0))
-		FAIL("RTR to nobody: %s", strerror(errno));
+	if (rtr(&lone, 0xffffff, &gid, 0) || rts(&lone))
+		FAIL("RTR and RTS to nobody: %s", strerror(errno));
 	time_t start = time(NULL);
-	if (rts(&lone) != ETIMEDOUT)
-		FAIL("RTS to nobody did not time out");
+	post_send(&lone, 1);
+	wc = wait_wc(lone.cq);
+	if (wc.status != IBV_WC_WR_FLUSH_ERR || wc.wr_id != 8)
+		FAIL("Send to nobody: %s, want flushed", ibv_wc_status_str(wc.status));
 	if (time(NULL) - start > 10)
-		FAIL("RTS to nobody took %ld s", (long)(time(NULL) - start));
-	if (ibv_query_qp(lone.qp, &qa, IBV_QP_STATE, &qi) || qa.qp_state != IBV_QPS_ERR)
-		FAIL("QP to nobody in state %d, want ERR", qa.qp_state);
+		FAIL("the connection to nobody took %ld s to fail", (long)(time(NULL) - start));
+	if (qp_state(&lone) != IBV_QPS_ERR)
+		FAIL("QP to nobody in state %d, want ERR", qp_state(&lone));
 
 	/* A QP of the RDMA-CM is connected by it alone. */
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -200,7 +283,7 @@ int main(void)
 	if (rdma_create_qp(id, cpd, &cia))
 		FAIL("rdma_create_qp: %s", strerror(errno));
 	struct side cm = {.qp = id->qp};
-	if (rtr(&cm, s[1].qp->qp_num, &gid, 0) != EINVAL)
+	if (rtr(&cm, s[3].qp->qp_num, &gid, 0) != EINVAL)
 		FAIL("RTR by QPN of the RDMA-CM's QP accepted");
 	rdma_destroy_qp(id);
 	if (ibv_destroy_cq(ccq) || ibv_dealloc_pd(cpd))
@@ -209,7 +292,7 @@ int main(void)
 	rdma_destroy_event_channel(ch);
 
 	for (int i = 0; i < 4; i++) {
-		if (ibv_destroy_qp(s[i].qp) || ibv_dereg_mr(s[i].mr) || ibv_destroy_cq(s[i].cq))
+		if ((s[i].qp && ibv_destroy_qp(s[i].qp)) || ibv_dereg_mr(s[i].mr) || ibv_destroy_cq(s[i].cq))
 			FAIL("destroy %d: %s", i, strerror(errno));
 	}
 	if (ibv_destroy_qp(lone.qp) || ibv_dereg_mr(lone.mr) || ibv_destroy_cq(lone.cq) || ibv_dealloc_pd(pd))
