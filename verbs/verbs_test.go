@@ -64,15 +64,18 @@ func startDaemon(t *testing.T) string {
 	return startDaemonWith(t, daemon.Options{})
 }
 
-// startDaemonWith is startDaemon with options (Iface and Logger are the
-// test's, and Socket unless given).
+// startDaemonWith is startDaemon with options (Iface is the test's, and
+// Logger and Socket unless given).
 func startDaemonWith(t *testing.T, opts daemon.Options) string {
 	t.Helper()
 	if opts.Socket == "" {
 		opts.Socket = filepath.Join(t.TempDir(), "d.sock")
 	}
 	sock := opts.Socket
-	opts.Iface, opts.Logger = "lo", slog.New(slog.NewTextHandler(io.Discard, nil))
+	opts.Iface = "lo"
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	srv, err := daemon.New(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -756,8 +759,11 @@ func TestResolveInDaemonsNamespace(t *testing.T) {
 }
 
 // TestIBConnect runs a C program that connects QPs the InfiniBand way
-// (RTR by QPN and GID, and by QPN and LID), moves data over them, and
-// sees a connection to nobody fail at RTS (testdata/ibconnect.c).
+// (RTR by QPN and GID, and by QPN and LID), one side of each pair at RTS
+// and posting before the other's RTR, moves data over them, destroys one
+// (its peer keeps its receive until it sends), and sees a connection to
+// nobody put its QP in ERR (testdata/ibconnect.c); no connection ends
+// with a reset.
 func TestIBConnect(t *testing.T) {
 	l, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
@@ -765,7 +771,14 @@ func TestIBConnect(t *testing.T) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	runOK(t, "ibconnect", startDaemonWith(t, daemon.Options{IBConnPort: port, IBConnTimeout: time.Second, IBConnParkTimeout: 300 * time.Millisecond}))
+	var log testenv.Buffer
+	runOK(t, "ibconnect", startDaemonWith(t, daemon.Options{IBConnPort: port, IBConnTimeout: time.Second, IBConnParkTimeout: 300 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&log, nil))}))
+	// A QP destroyed connected ends its connection in order (its
+	// last Sends, then its FIN), not with a reset.
+	if strings.Contains(log.String(), "how=broken") {
+		t.Errorf("a connection ended broken:\n%s", log.String())
+	}
 }
 
 // freePort is a TCP port of loopback that nothing listens on now.
