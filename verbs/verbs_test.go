@@ -542,9 +542,10 @@ func TestSynchronousEndpoints(t *testing.T) {
 // at their edges: an unread REJECTED or ESTABLISHED outlives the QP's
 // destruction, a request taken in with it is refused when its listener
 // goes, a synchronous call with nothing to wait for returns, two threads
-// share a listener, a peer's reset before rdma_accept fails the accept, a
-// synchronous connect to a peer that resets or stays silent fails, and bad
-// arguments fail with errno (testdata/syncedge.c).
+// share a listener and a thread blocked in a listener or channel
+// destroyed under it returns ECANCELED, a peer's reset before rdma_accept
+// fails the accept, a synchronous connect to a peer that resets or stays
+// silent fails, and bad arguments fail with errno (testdata/syncedge.c).
 func TestSynchronousEdges(t *testing.T) {
 	runOK(t, "syncedge", startDaemon(t), strconv.Itoa(freePort(t)))
 }

@@ -82,7 +82,16 @@ struct cm_channel {
 	struct cm_event *head, *tail; /* made here, not yet returned */
 	struct cm_id *ids;
 	int destroyed; /* rdma_destroy_event_channel came while ids had it */
-	struct cm_channel *next_chan; /* in chans */
+	int own;       /* a synchronous id's: rdma_destroy_event_channel leaves it to the id */
+	/* rdma_get_cm_event calls in it. Once the channel is closing (its
+	 * synchronous id or itself being destroyed) each returns ECANCELED
+	 * at once; one freed under them (freed) is freed by the last one
+	 * out, so that none is left blocked for ever or touches a channel
+	 * freed under it. */
+	int waiters;
+	int closing;
+	int freed;
+	struct cm_channel *next_chan; /* in chans, until freed */
 };
 
 struct cm_id {
@@ -187,7 +196,9 @@ static struct cm_event *new_event(struct cm_id *id, enum rdma_cm_event_type type
 
 static int renew(void);
 
-static struct cm_channel *make_channel(void)
+/* make_channel makes a channel: an application's, or a synchronous
+ * id's own. */
+static struct cm_channel *make_channel(int own)
 {
 	pthread_mutex_lock(&mu);
 	struct cm_channel *c = NULL;
@@ -231,6 +242,7 @@ static struct cm_channel *make_channel(void)
 		goto out;
 	}
 	srn_evd_arm(&c->evd);
+	c->own = own;
 	channels++;
 	c->next_chan = chans;
 	chans = c;
@@ -324,21 +336,13 @@ static int renew(void)
 
 EXPORT struct rdma_event_channel *rdma_create_event_channel(void)
 {
-	struct cm_channel *c = make_channel();
+	struct cm_channel *c = make_channel(0);
 	return c ? &c->ch : NULL;
 }
 
-static void free_channel(struct cm_channel *c)
+/* release frees a channel nothing uses any more. */
+static void release(struct cm_channel *c)
 {
-	pthread_mutex_lock(&mu);
-	channels--;
-	for (struct cm_channel **p = &chans; *p; p = &(*p)->next_chan) {
-		if (*p == c) {
-			*p = c->next_chan;
-			break;
-		}
-	}
-	pthread_mutex_unlock(&mu);
 	srn_evd_free(&c->evd);
 	close(c->ch.fd);
 	close(c->local);
@@ -350,20 +354,44 @@ static void free_channel(struct cm_channel *c)
 	free(c);
 }
 
+/* free_channel ends a channel: at once, or, when threads wait in it
+ * (rdma_get_cm_event), once the last of them, woken, has left. */
+static void free_channel(struct cm_channel *c)
+{
+	pthread_mutex_lock(&mu);
+	channels--;
+	for (struct cm_channel **p = &chans; *p; p = &(*p)->next_chan) {
+		if (*p == c) {
+			*p = c->next_chan;
+			break;
+		}
+	}
+	c->closing = c->freed = 1;
+	int busy = c->waiters > 0;
+	if (busy)
+		signal_fd(c->local); /* a waiter wakes, and wakes the next */
+	pthread_mutex_unlock(&mu);
+	if (!busy)
+		release(c);
+}
+
 /* rdma_destroy_event_channel: ids must be destroyed first; a program
  * that destroys them after (perftest does on its error paths) finds its
- * ids still whole, and the channel goes with the last of them. */
+ * ids still whole, and the channel goes with the last of them. A thread
+ * waiting in it returns ECANCELED. A synchronous id's channel
+ * (id->channel) is the id's, and goes with it. */
 EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *ch)
 {
 	if (!ch)
 		return;
 	struct cm_channel *c = (struct cm_channel *)ch;
 	pthread_mutex_lock(&mu);
-	int busy = c->ids != NULL;
-	c->destroyed = busy;
+	int own = c->own, busy = c->ids != NULL;
+	if (!own)
+		c->destroyed = busy;
 	pthread_mutex_unlock(&mu);
-	if (!busy)
-		free_channel(c);
+	if (!own && !busy)
+		free_channel(c); /* a synchronous id's goes with it */
 }
 
 static struct cm_id *to_id(struct rdma_cm_id *id) { return (struct cm_id *)id; }
@@ -416,7 +444,7 @@ EXPORT int rdma_create_id(struct rdma_event_channel *ch, struct rdma_cm_id **id,
 	}
 	struct cm_channel *c = (struct cm_channel *)ch;
 	int sync = !c;
-	if (sync && !(c = make_channel()))
+	if (sync && !(c = make_channel(1)))
 		return -1; /* a synchronous id's channel is its own */
 	pthread_mutex_lock(&mu);
 	int err = renew();
@@ -506,6 +534,14 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	struct cm_id *i = to_id(id);
+	pthread_mutex_lock(&mu);
+	if (i->sync) {
+		/* a thread waiting in a call of the id (rdma_get_request,
+		 * say) takes no event more and returns ECANCELED */
+		i->chan->closing = 1;
+		signal_fd(i->chan->local);
+	}
+	pthread_mutex_unlock(&mu);
 	drop_event(id); /* a synchronous call's */
 	pthread_mutex_lock(&mu);
 	i->dead = 1;
@@ -1185,7 +1221,7 @@ static void move(struct cm_id *i, struct cm_channel *to, int sync, int held)
  * (rdma_migrate_id with no channel); 0 or -1 with errno. */
 static int make_sync(struct cm_id *i, int held)
 {
-	struct cm_channel *c = make_channel();
+	struct cm_channel *c = make_channel(1);
 	if (!c)
 		return -1;
 	move(i, c, 1, held);
@@ -1222,18 +1258,22 @@ static void drain(int fd)
 	(void)n;
 }
 
-EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **event)
+/* get_event is rdma_get_cm_event's wait in c, counted among its waiters:
+ * 0, or an errno value. */
+static int get_event(struct cm_channel *c, struct rdma_cm_event **event)
 {
-	if (!ch || !event)
-		return fail(EINVAL);
-	struct cm_channel *c = (struct cm_channel *)ch;
-	int nonblock = fcntl(ch->fd, F_GETFL) & O_NONBLOCK;
+	int nonblock = fcntl(c->ch.fd, F_GETFL) & O_NONBLOCK;
 	for (;;) {
 		/* what woke the set is read first: an event that comes after
 		 * signals again */
 		drain(c->local);
 		drain(c->evd.notify);
 		pthread_mutex_lock(&mu);
+		if (c->closing) {
+			signal_fd(c->local); /* for the next waiter */
+			pthread_mutex_unlock(&mu);
+			return ECANCELED;
+		}
 		struct cm_event *e = next(c);
 		int err = errno;
 		struct cm_id *fresh = NULL; /* a synchronous listener's new id */
@@ -1268,14 +1308,33 @@ EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event
 			*event = &e->ev;
 			return 0;
 		}
-		if (err != EAGAIN)
-			return fail(err);
-		if (nonblock)
-			return fail(EAGAIN);
+		if (err != EAGAIN || nonblock)
+			return err;
 		struct epoll_event ev;
-		if (epoll_wait(ch->fd, &ev, 1, -1) < 0 && errno != EINTR)
-			return -1;
+		if (epoll_wait(c->ch.fd, &ev, 1, -1) < 0 && errno != EINTR)
+			return errno;
 	}
+}
+
+/* rdma_get_cm_event: a thread waiting in a channel that is destroyed
+ * (rdma_destroy_event_channel, or rdma_destroy_id of the synchronous id
+ * whose channel it is) returns -1 with ECANCELED; over rdma-core it
+ * would wait for ever. */
+EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **event)
+{
+	if (!ch || !event)
+		return fail(EINVAL);
+	struct cm_channel *c = (struct cm_channel *)ch;
+	pthread_mutex_lock(&mu);
+	c->waiters++;
+	pthread_mutex_unlock(&mu);
+	int err = get_event(c, event);
+	pthread_mutex_lock(&mu);
+	int last = --c->waiters == 0 && c->freed;
+	pthread_mutex_unlock(&mu);
+	if (last)
+		release(c); /* freed while this thread waited in it */
+	return err ? fail(err) : 0;
 }
 
 EXPORT int rdma_ack_cm_event(struct rdma_cm_event *event)
@@ -1401,10 +1460,17 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 		return fail(EINVAL); /* an asynchronous listener's requests come to its channel */
 	if (!l->psp)
 		return fail(EINVAL); /* not listening: no request would come (rdma-core's waits for ever) */
+	/* what the request's QP is made of is read before the wait: a
+	 * listener destroyed during it is not read after */
+	struct ibv_qp_init_attr a;
+	int with_qp = l->qp_init_attr != NULL;
+	if (with_qp)
+		a = *l->qp_init_attr;
+	struct ibv_pd *pd = listen->pd;
 	drop_event(listen);
 	struct rdma_cm_event *e;
 	if (rdma_get_cm_event(listen->channel, &e))
-		return -1;
+		return -1; /* ECANCELED: the listener was destroyed */
 	int err = event_errno(e);
 	if (!err && e->event != RDMA_CM_EVENT_CONNECT_REQUEST)
 		err = EINVAL;
@@ -1414,9 +1480,8 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 	}
 	struct rdma_cm_id *n = e->id;
 	n->event = e;
-	if (l->qp_init_attr) {
-		struct ibv_qp_init_attr a = *l->qp_init_attr;
-		if (rdma_create_qp(n, listen->pd, &a)) {
+	if (with_qp) {
+		if (rdma_create_qp(n, pd, &a)) {
 			err = errno;
 			rdma_reject(n, NULL, 0);
 			rdma_destroy_id(n);

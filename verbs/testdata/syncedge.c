@@ -10,6 +10,9 @@
  *   - a synchronous call with nothing to wait for returns: rdma_get_request
  *     of an id that does not listen (EINVAL), a second rdma_disconnect;
  *   - two threads in rdma_get_request on one listener each get a request;
+ *     when the listener is destroyed under them, both return -1 with
+ *     ECANCELED, and so does a thread blocked in rdma_get_cm_event on a
+ *     channel destroyed under it;
  *   - rdma_disconnect of a synchronous id whose peer disconnected or reset
  *     first leaves the peer's DISCONNECTED in id->event, as rdma-core's;
  *   - a peer that resets its connection before rdma_accept: the accept
@@ -286,7 +289,19 @@ static void *connect_ep(void *arg)
 	return NULL;
 }
 
-/* two threads in rdma_get_request on one listener */
+static struct rdma_event_channel *blocked_channel;
+static int blocked_errno;
+
+static void *get_event(void *arg)
+{
+	(void)arg;
+	struct rdma_cm_event *e;
+	blocked_errno = rdma_get_cm_event(blocked_channel, &e) == 0 ? 0 : errno;
+	return NULL;
+}
+
+/* two threads in rdma_get_request on one listener, then the listener
+ * destroyed under two more */
 static void threads(void)
 {
 	struct rdma_addrinfo *res = addr(port + 1, 1);
@@ -336,7 +351,34 @@ static void threads(void)
 		rdma_destroy_ep(g[k].id);
 	}
 
+	/* the listener destroyed under two threads blocked on it */
+	for (int k = 0; k < 2; k++)
+		if (pthread_create(&g[k].t, NULL, get, &g[k]))
+			FAIL("pthread_create");
+	usleep(300000);
+	waiting = "rdma_destroy_ep of a listener two threads wait on";
+	alarm(10);
 	rdma_destroy_ep(sync_listener);
+	alarm(0);
+	for (int k = 0; k < 2; k++) {
+		join(g[k].t, "rdma_get_request on a listener destroyed under it");
+		if (g[k].err != ECANCELED)
+			FAIL("rdma_get_request on a listener destroyed under it: %s, want ECANCELED",
+			     g[k].err ? strerror(g[k].err) : "a request");
+	}
+
+	/* a channel destroyed under a thread blocked in rdma_get_cm_event */
+	blocked_channel = rdma_create_event_channel();
+	if (!blocked_channel)
+		FAIL("rdma_create_event_channel: %s", strerror(errno));
+	pthread_t t;
+	if (pthread_create(&t, NULL, get_event, NULL))
+		FAIL("pthread_create");
+	usleep(300000);
+	rdma_destroy_event_channel(blocked_channel);
+	join(t, "rdma_get_cm_event on a channel destroyed under it");
+	if (blocked_errno != ECANCELED)
+		FAIL("rdma_get_cm_event on a channel destroyed under it: %s, want ECANCELED", strerror(blocked_errno));
 }
 
 /* A peer that sends its MPA request, then resets the connection before
