@@ -543,7 +543,8 @@ func TestSynchronousEndpoints(t *testing.T) {
 // destruction, a request taken in with it is refused when its listener
 // goes, a synchronous call with nothing to wait for returns, two threads
 // share a listener and a thread blocked in a listener or channel
-// destroyed under it returns ECANCELED, a peer's reset before rdma_accept
+// destroyed under it goes on waiting, as over rdma-core, a peer's reset
+// before rdma_accept
 // fails the accept, a synchronous connect to a peer that resets or stays
 // silent fails, and bad arguments fail with errno (testdata/syncedge.c).
 func TestSynchronousEdges(t *testing.T) {

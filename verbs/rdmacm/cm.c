@@ -83,13 +83,12 @@ struct cm_channel {
 	struct cm_id *ids;
 	int destroyed; /* rdma_destroy_event_channel came while ids had it */
 	int own;       /* a synchronous id's: rdma_destroy_event_channel leaves it to the id */
-	/* rdma_get_cm_event calls in it. Once the channel is closing (its
-	 * synchronous id or itself being destroyed) each returns ECANCELED
-	 * at once; one freed under them (freed) is freed by the last one
-	 * out, so that none is left blocked for ever or touches a channel
-	 * freed under it. */
+	/* rdma_get_cm_event calls in it. A channel freed under them (its
+	 * synchronous id or itself destroyed: freed) leaves them waiting,
+	 * as rdma-core's do, and is kept, descriptors and all, until the
+	 * last one leaves: none reads a channel freed under it, or a
+	 * descriptor reused by another. */
 	int waiters;
-	int closing;
 	int freed;
 	struct cm_channel *next_chan; /* in chans, until freed */
 };
@@ -355,7 +354,7 @@ static void release(struct cm_channel *c)
 }
 
 /* free_channel ends a channel: at once, or, when threads wait in it
- * (rdma_get_cm_event), once the last of them, woken, has left. */
+ * (rdma_get_cm_event), once the last of them has left. */
 static void free_channel(struct cm_channel *c)
 {
 	pthread_mutex_lock(&mu);
@@ -366,10 +365,8 @@ static void free_channel(struct cm_channel *c)
 			break;
 		}
 	}
-	c->closing = c->freed = 1;
+	c->freed = 1;
 	int busy = c->waiters > 0;
-	if (busy)
-		signal_fd(c->local); /* a waiter wakes, and wakes the next */
 	pthread_mutex_unlock(&mu);
 	if (!busy)
 		release(c);
@@ -378,8 +375,8 @@ static void free_channel(struct cm_channel *c)
 /* rdma_destroy_event_channel: ids must be destroyed first; a program
  * that destroys them after (perftest does on its error paths) finds its
  * ids still whole, and the channel goes with the last of them. A thread
- * waiting in it returns ECANCELED. A synchronous id's channel
- * (id->channel) is the id's, and goes with it. */
+ * waiting in it goes on waiting (rdma_get_cm_event). A synchronous id's
+ * channel (id->channel) is the id's, and goes with it. */
 EXPORT void rdma_destroy_event_channel(struct rdma_event_channel *ch)
 {
 	if (!ch)
@@ -534,14 +531,6 @@ EXPORT int rdma_destroy_id(struct rdma_cm_id *id)
 	if (!id)
 		return fail(EINVAL);
 	struct cm_id *i = to_id(id);
-	pthread_mutex_lock(&mu);
-	if (i->sync) {
-		/* a thread waiting in a call of the id (rdma_get_request,
-		 * say) takes no event more and returns ECANCELED */
-		i->chan->closing = 1;
-		signal_fd(i->chan->local);
-	}
-	pthread_mutex_unlock(&mu);
 	drop_event(id); /* a synchronous call's */
 	pthread_mutex_lock(&mu);
 	i->dead = 1;
@@ -1269,8 +1258,9 @@ static int get_event(struct cm_channel *c, struct rdma_cm_event **event)
 		drain(c->local);
 		drain(c->evd.notify);
 		pthread_mutex_lock(&mu);
-		if (c->closing) {
-			signal_fd(c->local); /* for the next waiter */
+		if (c->freed) {
+			/* woken in a channel freed under it (the daemon's
+			 * death wakes every set) */
 			pthread_mutex_unlock(&mu);
 			return ECANCELED;
 		}
@@ -1318,8 +1308,11 @@ static int get_event(struct cm_channel *c, struct rdma_cm_event **event)
 
 /* rdma_get_cm_event: a thread waiting in a channel that is destroyed
  * (rdma_destroy_event_channel, or rdma_destroy_id of the synchronous id
- * whose channel it is) returns -1 with ECANCELED; over rdma-core it
- * would wait for ever. */
+ * whose channel it is, rdma_get_request's) goes on waiting, as over
+ * rdma-core: cmtime's event thread is blocked in it when cmtime's main
+ * destroys the channel and exits, and must not wake to report a failure.
+ * Should something wake it all the same (the daemon's death), it
+ * returns -1 with ECANCELED. */
 EXPORT int rdma_get_cm_event(struct rdma_event_channel *ch, struct rdma_cm_event **event)
 {
 	if (!ch || !event)
