@@ -196,10 +196,11 @@ func TestVerbsPrograms(t *testing.T) {
 
 			// ibv_rc_pingpong, connected the InfiniBand way with its
 			// received buffers checked (-c): by GID and polling, by LID
-			// and sleeping on completion events (-e). Its server goes
-			// to RTS before it sends the client its QPN, so RTS must
-			// not wait for the connection.
-			for _, args := range [][]string{{"-g", "0", "-c", "-n", "1000"}, {"-e", "-c", "-n", "500", "-s", "65536"}} {
+			// and sleeping on completion events (-e), and posting
+			// through the work request API (-N: ibv_wr_*). Its server
+			// goes to RTS before it sends the client its QPN, so RTS
+			// must not wait for the connection.
+			for _, args := range [][]string{{"-g", "0", "-c", "-n", "1000"}, {"-e", "-c", "-n", "500", "-s", "65536"}, {"-N", "-c", "-n", "500"}} {
 				port++
 				common := append([]string{tools["ibv_rc_pingpong"], "-d", "softrnic0", "-p", fmt.Sprint(port)}, args...)
 				srv := startBackground(t, verbsEnv(net.B, lib, sockB, 60, common...))

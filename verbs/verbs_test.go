@@ -783,6 +783,14 @@ func TestIBConnect(t *testing.T) {
 	}
 }
 
+// TestWorkRequestAPI runs a C program that posts through the work request
+// API (ibv_create_qp_ex with send operations, ibv_wr_*) every kind of
+// request in one batch, and batches aborted or with an invalid request
+// that must post nothing (testdata/wrapi.c).
+func TestWorkRequestAPI(t *testing.T) {
+	runOK(t, "wrapi", startDaemonWith(t, daemon.Options{IBConnPort: freePort(t)}))
+}
+
 // freePort is a TCP port of loopback that nothing listens on now.
 func freePort(t *testing.T) int {
 	t.Helper()

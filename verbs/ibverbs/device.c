@@ -149,8 +149,6 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc) HIDDEN;
 int srn_req_notify_cq(struct ibv_cq *cq, int solicited) HIDDEN;
 int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) HIDDEN;
 int srn_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad) HIDDEN;
-struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, uint32_t connect_evd, uint16_t ird,
-				uint16_t ord) HIDDEN;
 
 static int query_port_op(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr, size_t len);
 
@@ -191,6 +189,7 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 	c->magic = SRN_CONTEXT_MAGIC;
 	c->vctx.sz = sizeof(c->vctx);
 	c->vctx.query_port = query_port_op;
+	c->vctx.create_qp_ex = srn_create_qp_ex;
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	ctx->device = dev;
 	ctx->cmd_fd = c->sess.fd;

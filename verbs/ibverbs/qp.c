@@ -58,8 +58,16 @@ static int ready(struct srn_qp *q)
 	return 0;
 }
 
-/* build writes one work request as a send ring entry: 0 or an errno value. */
-static int build(struct srn_qp *q, const struct ibv_send_wr *wr, uint8_t *e)
+void srn_sq_posted(struct srn_qp *q)
+{
+	/* The entries are posted whatever ready says: a queue the daemon
+	 * broke is found by its next look, not by an error that would have
+	 * the application post them again. */
+	if (srn_flags(&q->sq) & SRN_NEED_WAKEUP)
+		(void)ready(q);
+}
+
+int srn_build_sqe(struct srn_qp *q, const struct ibv_send_wr *wr, uint8_t *e, uint32_t idx)
 {
 	memset(e, 0, SRN_SQE_SIZE);
 	uint8_t op;
@@ -122,7 +130,7 @@ static int build(struct srn_qp *q, const struct ibv_send_wr *wr, uint8_t *e)
 			total += wr->sg_list[i].length;
 		if (total > q->cap.max_inline_data)
 			return EINVAL;
-		uint8_t *dst = q->inline_buf + (size_t)(q->sq.local & (2 * q->sq.entries - 1)) * q->cap.max_inline_data;
+		uint8_t *dst = q->inline_buf + (size_t)(idx & (2 * q->sq.entries - 1)) * q->cap.max_inline_data;
 		size_t off = 0;
 		for (int i = 0; i < wr->num_sge; i++) {
 			memcpy(dst + off, (const void *)(uintptr_t)wr->sg_list[i].addr, wr->sg_list[i].length);
@@ -157,18 +165,14 @@ int srn_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr 
 			break;
 		}
 		uint8_t e[SRN_SQE_SIZE];
-		if ((err = build(q, wr, e)))
+		if ((err = srn_build_sqe(q, wr, e, q->sq.local)))
 			break;
 		memcpy(slot, e, sizeof(e));
 		srn_commit(&q->sq);
 		posted = 1;
 	}
-	if (posted && (srn_flags(&q->sq) & SRN_NEED_WAKEUP)) {
-		/* The entries are posted whatever this says: a queue the
-		 * daemon broke is found by its next look, not by an error
-		 * that would have the application post them again. */
-		(void)ready(q);
-	}
+	if (posted)
+		srn_sq_posted(q);
 	pthread_spin_unlock(&q->sq_lock);
 	if (err && wr)
 		*bad = wr;
@@ -436,6 +440,7 @@ int srn_qp_destroy(struct ibv_qp *qp)
 		srn_free_lmr(s, q->inline_lmr);
 		free(q->inline_buf);
 	}
+	free(q->wr);
 	pthread_spin_destroy(&q->sq_lock);
 	pthread_spin_destroy(&q->rq_lock);
 	pthread_mutex_destroy(&qp->mutex);

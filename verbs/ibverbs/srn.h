@@ -465,8 +465,15 @@ struct srn_readyq *srn_readyq_of(struct srn_context *c, uint32_t queue, uint32_t
 				 int doorbell) HIDDEN;
 
 /* A QP: the daemon's EP with its rings. */
+struct srn_wr_batch;
+
 struct srn_qp {
-	struct ibv_qp qp;
+	/* qpx for a QP made with the work request API (qpex.c): its
+	 * qp_base is qp */
+	union {
+		struct ibv_qp qp;
+		struct ibv_qp_ex qpx;
+	};
 	pthread_spinlock_t sq_lock, rq_lock;
 	struct srn_ring sq, rq;
 	uint32_t slot;
@@ -481,8 +488,27 @@ struct srn_qp {
 	/* cm: the RDMA-CM's (connected by librdmacm); ib: connecting the
 	 * InfiniBand way, since its RTR (qp.c: ib_connect). */
 	int cm, ib;
+	/* wr: the requests of the work request API being built, NULL
+	 * for a QP made without it */
+	struct srn_wr_batch *wr;
 	struct srn_qp *next; /* in the context's qps */
 };
+
+/* srn_build_sqe writes one work request as the send ring entry e of ring
+ * index idx (which picks its inline slot): 0 or an errno value. */
+int srn_build_sqe(struct srn_qp *q, const struct ibv_send_wr *wr, uint8_t *e, uint32_t idx) HIDDEN;
+
+/* srn_sq_posted tells the daemon, if its side sleeps, that the send ring
+ * has new entries; the ring's lock held. */
+void srn_sq_posted(struct srn_qp *q) HIDDEN;
+
+/* srn_create_qp_cm makes a QP; connect_evd names the RDMA-CM's EVD for a
+ * QP of librdmacm's, 0 for one of the verbs alone (qp.c). */
+struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, uint32_t connect_evd, uint16_t ird,
+				uint16_t ord) HIDDEN;
+
+/* srn_create_qp_ex is verbs_context's create_qp_ex (qpex.c). */
+struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr) HIDDEN;
 
 /* srn_qpn_of is the qp_num of the context's QP whose EP is ep. */
 uint32_t srn_qpn_of(struct srn_context *c, uint32_t ep) HIDDEN;

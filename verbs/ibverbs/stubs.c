@@ -151,7 +151,6 @@ EXPORT long srn_stub_ibv_modify_srq_IBVERBS_1_1(void) { errno = EOPNOTSUPP; retu
 SYMVER(srn_stub_ibv_modify_srq_IBVERBS_1_1, ibv_modify_srq, "@@IBVERBS_1.1");
 EXPORT void *srn_stub_ibv_open_device_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return NULL; }
 SYMVER(srn_stub_ibv_open_device_IBVERBS_1_0, ibv_open_device, "@IBVERBS_1.0");
-EXPORT void *ibv_qp_to_qp_ex(void) { errno = EOPNOTSUPP; return NULL; }
 EXPORT long srn_stub_ibv_query_device_IBVERBS_1_0(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
 SYMVER(srn_stub_ibv_query_device_IBVERBS_1_0, ibv_query_device, "@IBVERBS_1.0");
 EXPORT long ibv_query_ece(void) { errno = EOPNOTSUPP; return EOPNOTSUPP; }
