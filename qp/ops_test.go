@@ -370,6 +370,16 @@ func TestKeepRecvsAtPeerEnd(t *testing.T) {
 			t.Fatalf("kept receive at the end: %+v", rc)
 		}
 	}
+	// A Terminate of ours on its way when the connection ends: flushed.
+	_, b := newPair(t, pairOpts{})
+	b.q.KeepRecvsAtPeerEnd()
+	rb := b.mem.reg(t, pdB, 64, LocalWrite)
+	must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
+	b.q.terminateLocal(ddp.LLPCRC)
+	b.q.LLPClosed(nil)
+	if rc := poll(b.rcq); len(rc) != 1 || rc[0].Status != completion.FlushError {
+		t.Fatalf("a Terminate of ours, then the end: %+v", rc)
+	}
 	// A Send outstanding: the peer's end flushes everything at once.
 	a, _ := newPair(t, pairOpts{})
 	a.q.KeepRecvsAtPeerEnd()

@@ -580,8 +580,8 @@ func (q *QP) LLPClosed(err error) {
 		return
 	}
 	// What an InfiniBand QP would not hear of: its peer gone while
-	// nothing of ours is outstanding.
-	keep := q.quietEnd && q.sq.len() == 0 && q.orq.len() == 0
+	// nothing of ours is outstanding, and no protocol error ours.
+	keep := q.quietEnd && q.term == nil && q.sq.len() == 0 && q.orq.len() == 0
 	if err == nil && q.state != Terminate {
 		// Our close completing, or the peer's FIN (digest 004 §6,
 		// remote graceful close): what is outstanding is flushed.
@@ -600,7 +600,8 @@ func (q *QP) LLPClosed(err error) {
 // gone until it sends, and programs written for it destroy their QP
 // when they are done, without a word to the peer. So an end of the
 // connection that finds nothing of ours outstanding (no request in the
-// send queue, no Read awaiting its response) flushes no receive: they
+// send queue, no Read awaiting its response, no Terminate of ours on its
+// way) flushes no receive: they
 // stay posted, and more may be posted, until a Send is posted (it fails
 // and they are flushed after it), a disconnect, or Reset. Otherwise a
 // program that polls its last completion together with a flushed
