@@ -199,6 +199,7 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 		pthread_mutex_init(&c->queues[i].mu, NULL);
 	}
 	c->create_qp_cm = srn_create_qp_cm;
+	c->qp_wr_api = srn_qp_wr_api;
 	ctx->num_comp_vectors = 1;
 	pthread_mutex_init(&ctx->mutex, NULL);
 	ctx->ops.poll_cq = srn_poll_cq;

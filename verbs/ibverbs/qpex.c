@@ -22,11 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* What the API can post here: ibv_post_send's opcodes. */
-#define SUPPORTED_OPS                                                                                         \
-	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | \
-	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
-
 struct srn_wr_batch {
 	uint32_t ops;   /* the send_ops_flags the QP was made with */
 	uint32_t n;     /* entries written since ibv_wr_start, after sq.local */
@@ -299,7 +294,7 @@ struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr
 	}
 	int ops = (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
 	if ((ax->comp_mask & ~known) || ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ax->create_flags) ||
-	    (ops && (ax->send_ops_flags & ~(uint64_t)SUPPORTED_OPS))) {
+	    (ops && (ax->send_ops_flags & ~(uint64_t)SRN_WR_OPS))) {
 		errno = EOPNOTSUPP; /* TSO, RSS, XRC, immediate data, windows: not here */
 		return NULL;
 	}
@@ -310,16 +305,24 @@ struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr
 	if (!qp)
 		return NULL;
 	ax->cap = a.cap;
-	if (!ops)
-		return qp;
-	struct srn_qp *q = (struct srn_qp *)qp;
-	q->wr = calloc(1, sizeof(*q->wr) + q->cap.max_inline_data);
-	if (!q->wr) {
+	int err = ops ? srn_qp_wr_api(qp, ax->send_ops_flags) : 0;
+	if (err) {
 		srn_qp_destroy(qp);
-		errno = ENOMEM;
+		errno = err;
 		return NULL;
 	}
-	q->wr->ops = (uint32_t)ax->send_ops_flags;
+	return qp;
+}
+
+int srn_qp_wr_api(struct ibv_qp *qp, uint64_t ops)
+{
+	struct srn_qp *q = (struct srn_qp *)qp;
+	if (ops & ~(uint64_t)SRN_WR_OPS)
+		return EOPNOTSUPP;
+	q->wr = calloc(1, sizeof(*q->wr) + q->cap.max_inline_data);
+	if (!q->wr)
+		return ENOMEM;
+	q->wr->ops = (uint32_t)ops;
 	struct ibv_qp_ex *x = &q->qpx;
 	x->wr_send = wr_send;
 	x->wr_send_inv = wr_send_inv;
@@ -342,7 +345,7 @@ struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr
 	x->wr_start = wr_start;
 	x->wr_complete = wr_complete;
 	x->wr_abort = wr_abort;
-	return qp;
+	return 0;
 }
 
 /* ibv_qp_to_qp_ex: the QP's work request API, NULL for a QP made without

@@ -445,6 +445,8 @@ struct srn_context {
 	 * go to the EVD connect_evd. */
 	struct ibv_qp *(*create_qp_cm)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr, uint32_t connect_evd,
 				       uint16_t ird, uint16_t ord);
+	/* srn_qp_wr_api, for librdmacm's rdma_create_qp_ex */
+	int (*qp_wr_api)(struct ibv_qp *qp, uint64_t ops);
 	int fatal_given; /* IBV_EVENT_DEVICE_FATAL handed out (atomic) */
 	uint32_t magic;
 };
@@ -509,6 +511,16 @@ struct ibv_qp *srn_create_qp_cm(struct ibv_pd *pd, struct ibv_qp_init_attr *attr
 
 /* srn_create_qp_ex is verbs_context's create_qp_ex (qpex.c). */
 struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *attr) HIDDEN;
+
+/* SRN_WR_OPS: the send_ops_flags the work request API takes here, those
+ * of ibv_post_send's opcodes. */
+#define SRN_WR_OPS                                                                                            \
+	(IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_INV | IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_RDMA_READ | \
+	 IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD | IBV_QP_EX_WITH_LOCAL_INV)
+
+/* srn_qp_wr_api gives qp the work request API for the operations ops
+ * (within SRN_WR_OPS): 0 or an errno value (qpex.c). */
+int srn_qp_wr_api(struct ibv_qp *qp, uint64_t ops) HIDDEN;
 
 /* srn_qpn_of is the qp_num of the context's QP whose EP is ep. */
 uint32_t srn_qpn_of(struct srn_context *c, uint32_t ep) HIDDEN;

@@ -801,16 +801,26 @@ EXPORT int rdma_create_qp_ex(struct rdma_cm_id *id, struct ibv_qp_init_attr_ex *
 {
 	if (!id || !ax)
 		return fail(EINVAL);
-	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS))
-		return fail(EOPNOTSUPP); /* the extended QP's send operations are not offered */
+	if (ax->comp_mask & ~(uint32_t)(IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_CREATE_FLAGS | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS))
+		return fail(EOPNOTSUPP);
 	if ((ax->comp_mask & IBV_QP_INIT_ATTR_CREATE_FLAGS) && ax->create_flags)
+		return fail(EOPNOTSUPP);
+	/* the work request API (ibv_qp_to_qp_ex), for what iWARP has */
+	int ops = (ax->comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) != 0;
+	if (ops && (ax->send_ops_flags & ~(uint64_t)SRN_WR_OPS))
 		return fail(EOPNOTSUPP);
 	struct ibv_qp_init_attr a = {.qp_context = ax->qp_context, .send_cq = ax->send_cq, .recv_cq = ax->recv_cq,
 				     .srq = ax->srq, .cap = ax->cap, .qp_type = ax->qp_type, .sq_sig_all = ax->sq_sig_all};
 	int r = create_qp(to_id(id), ax->comp_mask & IBV_QP_INIT_ATTR_PD ? ax->pd : NULL, &a);
-	if (!r)
-		ax->cap = a.cap;
-	return r;
+	if (r)
+		return r;
+	ax->cap = a.cap;
+	int err = ops ? ctx()->qp_wr_api(id->qp, ax->send_ops_flags) : 0;
+	if (err) {
+		rdma_destroy_qp(id);
+		return fail(err);
+	}
+	return 0;
 }
 
 static struct cm_event *translate(struct cm_channel *c, const struct srn_eve *v);

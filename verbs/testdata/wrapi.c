@@ -8,13 +8,16 @@
  * SGEs, an operation the QP was not made for, immediate data, a setter
  * with no builder, more requests than the ring holds), posts nothing:
  * its valid requests are not executed either. What iWARP cannot do is
- * refused at creation with EOPNOTSUPP. Prints "ok" and exits 0, or names
- * what failed.
+ * refused at creation with EOPNOTSUPP, by ibv_create_qp_ex and by
+ * librdmacm's rdma_create_qp_ex, which gives the API too. Prints "ok" and
+ * exits 0, or names what failed.
  *
  *   wrapi
  */
 #include <errno.h>
 #include <infiniband/verbs.h>
+#include <netinet/in.h>
+#include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +150,32 @@ int main(void)
 	errno = 0;
 	if (make_qp(ctx, NULL, cq0, IBV_QP_EX_WITH_SEND, mask) || errno != EINVAL)
 		FAIL("no PD: errno %d, want EINVAL", errno);
+	/* librdmacm's rdma_create_qp_ex gives the API too, and refuses what
+	 * iWARP has not. */
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_id *id;
+	struct sockaddr_in sin = {.sin_family = AF_INET};
+	memcpy(&sin.sin_addr, gid.raw + 12, 4);
+	if (!ch || rdma_create_id(ch, &id, NULL, RDMA_PS_TCP) || rdma_bind_addr(id, (struct sockaddr *)&sin) || !id->verbs)
+		FAIL("an RDMA-CM id: %s", strerror(errno));
+	struct ibv_pd *cpd = ibv_alloc_pd(id->verbs);
+	struct ibv_cq *ccq = ibv_create_cq(id->verbs, 4, NULL, NULL, 0);
+	if (!cpd || !ccq)
+		FAIL("the RDMA-CM's PD and CQ: %s", strerror(errno));
+	struct ibv_qp_init_attr_ex ca = {.send_cq = ccq, .recv_cq = ccq, .qp_type = IBV_QPT_RC, .comp_mask = mask, .pd = cpd,
+					 .send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_SEND_WITH_IMM,
+					 .cap = {.max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1}};
+	errno = 0;
+	if (rdma_create_qp_ex(id, &ca) == 0 || errno != EOPNOTSUPP || id->qp)
+		FAIL("rdma_create_qp_ex with immediate data: errno %d, want EOPNOTSUPP", errno);
+	ca.send_ops_flags = IBV_QP_EX_WITH_SEND | IBV_QP_EX_WITH_RDMA_WRITE;
+	if (rdma_create_qp_ex(id, &ca) || !id->qp || !ibv_qp_to_qp_ex(id->qp))
+		FAIL("rdma_create_qp_ex with send operations: %s", strerror(errno));
+	rdma_destroy_qp(id);
+	if (ibv_destroy_cq(ccq) || ibv_dealloc_pd(cpd) || rdma_destroy_id(id))
+		FAIL("the RDMA-CM's: %s", strerror(errno));
+	rdma_destroy_event_channel(ch);
+
 	struct ibv_qp_init_attr plain_attr = {.send_cq = cq0, .recv_cq = cq0, .qp_type = IBV_QPT_RC,
 					      .cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1, .max_recv_sge = 1}};
 	struct ibv_qp *plain = ibv_create_qp(pd, &plain_attr);
