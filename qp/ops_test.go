@@ -358,27 +358,24 @@ func TestKeepRecvsAtPeerEnd(t *testing.T) {
 			t.Fatalf("a receive after the flush: %v", err)
 		}
 	}
-	// Kept, then flushed by a disconnect and, apart, by Reset.
-	for _, end := range []func(q *QP){func(q *QP) { q.Disconnect(false) }, func(q *QP) { must(t, q.Reset()) }} {
+	// Kept, then flushed by a disconnect or by Reset; and flushed at
+	// once at an end with a Terminate of ours on its way.
+	for _, c := range []struct {
+		what string
+		end  func(q *QP)
+	}{
+		{"a disconnect", func(q *QP) { q.LLPClosed(nil); q.Disconnect(false) }},
+		{"Reset", func(q *QP) { q.LLPClosed(nil); must(t, q.Reset()) }},
+		{"a Terminate of ours, then the end", func(q *QP) { q.terminateLocal(ddp.LLPCRC); q.LLPClosed(nil) }},
+	} {
 		_, b := newPair(t, pairOpts{})
 		b.q.KeepRecvsAtPeerEnd()
 		rb := b.mem.reg(t, pdB, 64, LocalWrite)
 		must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
-		b.q.LLPClosed(nil)
-		end(b.q)
+		c.end(b.q)
 		if rc := poll(b.rcq); len(rc) != 1 || rc[0].Status != completion.FlushError {
-			t.Fatalf("kept receive at the end: %+v", rc)
+			t.Fatalf("kept receive at %s: %+v", c.what, rc)
 		}
-	}
-	// A Terminate of ours on its way when the connection ends: flushed.
-	_, b := newPair(t, pairOpts{})
-	b.q.KeepRecvsAtPeerEnd()
-	rb := b.mem.reg(t, pdB, 64, LocalWrite)
-	must(t, b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}))
-	b.q.terminateLocal(ddp.LLPCRC)
-	b.q.LLPClosed(nil)
-	if rc := poll(b.rcq); len(rc) != 1 || rc[0].Status != completion.FlushError {
-		t.Fatalf("a Terminate of ours, then the end: %+v", rc)
 	}
 	// A Send outstanding: the peer's end flushes everything at once.
 	a, _ := newPair(t, pairOpts{})

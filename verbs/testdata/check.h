@@ -1,7 +1,7 @@
 /*
  * What the test programs share: FAIL names the line and what failed and
  * exits 1; expect takes the channel's next RDMA-CM event, which must be
- * want.
+ * want; wait_wc takes a CQ's next completion.
  */
 #ifndef CHECK_H
 #define CHECK_H
@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define FAIL(...)                                                                                                      \
 	do {                                                                                                           \
@@ -28,6 +29,22 @@ static inline struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum r
 	if (e->event != want)
 		FAIL("event %s (status %d), want %s", rdma_event_str(e->event), e->status, rdma_event_str(want));
 	return e;
+}
+
+/* wait_wc is cq's next completion, waited for at most about 10 s. */
+static inline struct ibv_wc wait_wc(struct ibv_cq *cq)
+{
+	struct ibv_wc wc;
+	for (int i = 0; i < 10000000; i++) {
+		int n = ibv_poll_cq(cq, 1, &wc);
+		if (n < 0)
+			FAIL("ibv_poll_cq: %d", n);
+		if (n == 1)
+			return wc;
+		if (i > 1000)
+			usleep(1);
+	}
+	FAIL("no completion");
 }
 
 #endif

@@ -19,22 +19,6 @@
 
 #include "check.h"
 
-/* one completion of cq, waiting at most 10 s */
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (int i = 0; i < 10000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			FAIL("ibv_poll_cq: %d", n);
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(1);
-	}
-	FAIL("no completion");
-}
-
 static void ok_wc(struct ibv_wc wc, enum ibv_wc_opcode op, uint64_t id)
 {
 	if (wc.status != IBV_WC_SUCCESS || wc.opcode != op || wc.wr_id != id)

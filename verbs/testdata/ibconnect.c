@@ -26,21 +26,6 @@
 
 #include "check.h"
 
-static struct ibv_wc wait_wc(struct ibv_cq *cq)
-{
-	struct ibv_wc wc;
-	for (int i = 0; i < 10000000; i++) {
-		int n = ibv_poll_cq(cq, 1, &wc);
-		if (n < 0)
-			FAIL("ibv_poll_cq: %d", n);
-		if (n == 1)
-			return wc;
-		if (i > 1000)
-			usleep(1);
-	}
-	FAIL("no completion");
-}
-
 struct side {
 	struct ibv_cq *cq;
 	struct ibv_qp *qp;
