@@ -189,35 +189,24 @@ static int poll_yield(void)
 	return m;
 }
 
-int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+int srn_cq_take(struct srn_cq *q, struct ibv_wc *w)
 {
-	struct srn_cq *q = to_cq(cq);
-	int got = 0;
-	pthread_spin_lock(&q->evd.lock);
-	while (got < n) {
+	for (;;) {
 		struct srn_eve e;
 		int r = srn_evd_next(&q->evd, &e);
-		if (r < 0) {
-			got = got ? got : -1;
-			break;
-		}
-		if (r == 0)
-			break;
-		if (e.kind == SRN_EVENT_OVERFLOW) {
-			/* the daemon lost completions: the CQ overran */
-			got = got ? got : -1;
-			break;
-		}
+		if (r <= 0)
+			return r;
+		if (e.kind == SRN_EVENT_OVERFLOW)
+			return -1; /* the daemon lost completions: the CQ overran */
 		if (e.kind != SRN_EVENT_DTO)
 			continue;
-		struct ibv_wc *w = &wc[got++];
 		memset(w, 0, sizeof(*w));
 		w->wr_id = e.id;
 		w->status = e.status < sizeof(wc_status) / sizeof(wc_status[0]) ? wc_status[e.status] : IBV_WC_GENERAL_ERR;
 		w->opcode = e.opcode < sizeof(wc_opcode) / sizeof(wc_opcode[0]) ? wc_opcode[e.opcode] : IBV_WC_SEND;
 		w->byte_len = e.byte_len;
 		if (e.ep != q->last_ep) {
-			q->last_qpn = srn_qpn_of(srn_ctx(cq->context), e.ep);
+			q->last_qpn = srn_qpn_of(srn_ctx(q->cq.context), e.ep);
 			q->last_ep = e.ep;
 		}
 		w->qp_num = q->last_qpn;
@@ -225,19 +214,18 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 			w->wc_flags |= IBV_WC_WITH_INV;
 			w->invalidated_rkey = e.invalidated;
 		}
+		return 1;
 	}
-	pthread_spin_unlock(&q->evd.lock);
-	if (got) {
-		q->empty = 0;
-		return got;
-	}
-	struct srn_context *c = srn_ctx(cq->context);
+}
+
+int srn_cq_found_empty(struct srn_cq *q)
+{
+	struct srn_context *c = srn_ctx(q->cq.context);
 	++q->empty;
 	if (srn_session_dead(&c->sess) || (q->empty % SRN_GONE_EVERY == 0 && srn_session_gone(&c->sess))) {
 		/* The daemon has gone: what was in the CQ was taken, and
 		 * nothing more will come. An error, not a wait forever. */
-		errno = EIO;
-		return -1;
+		return EIO;
 	}
 	int mode = poll_yield();
 	if (q->empty % SRN_YIELD_EVERY == 0 && (mode == YIELD_ALWAYS || (mode == YIELD_DAEMON && on_datapath_cpu(&c->ia)))) {
@@ -245,6 +233,32 @@ int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 		 * share this processor: a program that spins on an empty CQ
 		 * (perftest does) would hold it off for a time slice. */
 		sched_yield();
+	}
+	return 0;
+}
+
+int srn_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct srn_cq *q = to_cq(cq);
+	int got = 0;
+	pthread_spin_lock(&q->evd.lock);
+	while (got < n) {
+		int r = srn_cq_take(q, &wc[got]);
+		if (r < 0)
+			got = got ? got : -1;
+		if (r <= 0)
+			break;
+		got++;
+	}
+	pthread_spin_unlock(&q->evd.lock);
+	if (got) {
+		q->empty = 0;
+		return got;
+	}
+	int err = srn_cq_found_empty(q);
+	if (err) {
+		errno = err;
+		return -1;
 	}
 	return 0;
 }

@@ -190,6 +190,7 @@ EXPORT struct ibv_context *srn_open_device(struct ibv_device *dev)
 	c->vctx.sz = sizeof(c->vctx);
 	c->vctx.query_port = query_port_op;
 	c->vctx.create_qp_ex = srn_create_qp_ex;
+	c->vctx.create_cq_ex = srn_create_cq_ex;
 	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
 	ctx->device = dev;
 	ctx->cmd_fd = c->sess.fd;

@@ -530,12 +530,34 @@ int srn_qp_destroy(struct ibv_qp *qp) HIDDEN;
 
 /* CQs. */
 struct srn_cq {
-	struct ibv_cq cq;
+	/* cqx for a CQ of ibv_create_cq_ex (cqex.c), whose first fields
+	 * are cq's */
+	union {
+		struct ibv_cq cq;
+		struct ibv_cq_ex cqx;
+	};
 	struct srn_evd evd;
 	uint32_t events; /* completion events handed out by ibv_get_cq_event */
 	uint32_t last_ep, last_qpn; /* the last completion's EP and its qp_num */
 	uint32_t empty;  /* polls in a row that found nothing */
+	struct ibv_wc cur; /* ibv_start_poll's and ibv_next_poll's completion */
 };
+
+/* srn_cq_take takes the CQ's next completion into w, the CQ's lock held:
+ * 1, 0 when it is empty, -1 when the daemon lost completions (overrun)
+ * or its ring is broken (cq.c). */
+int srn_cq_take(struct srn_cq *q, struct ibv_wc *w) HIDDEN;
+
+/* srn_cq_found_empty is what a poll that found the CQ empty does, the
+ * lock released: EIO once the daemon has gone, else 0, after yielding
+ * the processor as $SOFTRNIC_POLL_YIELD says (cq.c). */
+int srn_cq_found_empty(struct srn_cq *q) HIDDEN;
+
+/* srn_create_cq is ibv_create_cq (cq.c). */
+struct ibv_cq *srn_create_cq(struct ibv_context *ctx, int cqe, void *cq_context, struct ibv_comp_channel *ch, int vector);
+
+/* srn_create_cq_ex is verbs_context's create_cq_ex (cqex.c). */
+struct ibv_cq_ex *srn_create_cq_ex(struct ibv_context *ctx, struct ibv_cq_init_attr_ex *attr) HIDDEN;
 
 /* ibv_poll_cq yields the processor after this many polls in a row find
  * the CQ empty (cq.c, as $SOFTRNIC_POLL_YIELD says): 1 measured best

@@ -1,7 +1,9 @@
 /*
  * wrapi: the work request API (ibv_wr_*, ibv_create_qp_ex with
  * IBV_QP_INIT_ATTR_SEND_OPS_FLAGS) between two QPs of one process,
- * connected the InfiniBand way. One batch posts an RDMA Write, a Send of
+ * connected the InfiniBand way, the receiving side's completions read
+ * from an extended CQ (ibv_create_cq_ex, ibv_start_poll, ibv_next_poll,
+ * ibv_wc_read_*; one asking for timestamps is refused). One batch posts an RDMA Write, a Send of
  * inline octets from two buffers, an RDMA Read, a Fetch-and-Add and a
  * Compare-and-Swap; each completes in order and does what it says. A
  * batch aborted, or one with an invalid request anywhere in it (too many
@@ -35,6 +37,32 @@ struct side {
 	struct ibv_mr *mr;
 	uint64_t buf[512];
 };
+
+/* read_ex is the extended CQ's current completion, as an ibv_wc */
+static struct ibv_wc read_ex(struct ibv_cq_ex *x)
+{
+	struct ibv_wc wc = {.wr_id = x->wr_id, .status = x->status, .opcode = ibv_wc_read_opcode(x),
+			    .byte_len = ibv_wc_read_byte_len(x), .qp_num = ibv_wc_read_qp_num(x),
+			    .wc_flags = ibv_wc_read_wc_flags(x)};
+	return wc;
+}
+
+/* start_ex waits for the extended CQ's next completion: ibv_start_poll
+ * succeeded, and ibv_end_poll is the caller's */
+static struct ibv_wc start_ex(struct ibv_cq_ex *x)
+{
+	for (int i = 0; i < 10000000; i++) {
+		struct ibv_poll_cq_attr at = {.comp_mask = 0};
+		int err = ibv_start_poll(x, &at);
+		if (!err)
+			return read_ex(x);
+		if (err != ENOENT)
+			FAIL("ibv_start_poll: %s", strerror(err));
+		if (i > 1000)
+			usleep(1);
+	}
+	FAIL("no completion");
+}
 
 /* quiet: nothing completes on cq for a while */
 static void quiet(struct ibv_cq *cq, const char *what)
@@ -168,10 +196,20 @@ int main(void)
 		FAIL("a QP made without the API: %p, its qp_ex %p", (void *)plain, plain ? (void *)ibv_qp_to_qp_ex(plain) : NULL);
 	ibv_destroy_qp(plain);
 
+	/* The receiving side's CQ is an extended one; timestamps are not
+	 * to be had. */
+	struct ibv_cq_init_attr_ex cxa = {.cqe = 4 * DEPTH, .wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP};
+	errno = 0;
+	if (ibv_create_cq_ex(ctx, &cxa) || errno != EOPNOTSUPP)
+		FAIL("an extended CQ with timestamps: errno %d, want EOPNOTSUPP", errno);
+	cxa.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_QP_NUM;
+	struct ibv_cq_ex *bx = ibv_create_cq_ex(ctx, &cxa);
+	if (!bx)
+		FAIL("ibv_create_cq_ex: %s", strerror(errno));
 	static struct side a, b;
 	struct side *s[2] = {&a, &b};
 	for (int i = 0; i < 2; i++) {
-		s[i]->cq = ibv_create_cq(ctx, 4 * DEPTH, NULL, NULL, 0);
+		s[i]->cq = i ? ibv_cq_ex_to_cq(bx) : ibv_create_cq(ctx, 4 * DEPTH, NULL, NULL, 0);
 		s[i]->qp = make_qp(ctx, pd, s[i]->cq, all, mask);
 		if (!s[i]->cq || !s[i]->qp)
 			FAIL("QP %d: %s", i, strerror(errno));
@@ -225,10 +263,15 @@ int main(void)
 			FAIL("completion %lu: %s, want %lu", (unsigned long)wc.wr_id, ibv_wc_status_str(wc.status),
 			     (unsigned long)id);
 	}
-	struct ibv_wc wc = wait_wc(b.cq);
-	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 50 || wc.byte_len != strlen("inline octets") + 1 ||
-	    strcmp((char *)&b.buf[192], "inline octets"))
+	struct ibv_wc wc = start_ex(bx);
+	ibv_end_poll(bx);
+	if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 50 || wc.opcode != IBV_WC_RECV || wc.qp_num != b.qp->qp_num ||
+	    wc.byte_len != strlen("inline octets") + 1 || strcmp((char *)&b.buf[192], "inline octets"))
 		FAIL("the inline Send: %s, %u octets, \"%s\"", ibv_wc_status_str(wc.status), wc.byte_len, (char *)&b.buf[192]);
+	/* empty: ENOENT, and the CQ's lock is not held after it */
+	struct ibv_poll_cq_attr pa = {.comp_mask = 0};
+	if (ibv_start_poll(bx, &pa) != ENOENT || ibv_poll_cq(b.cq, 1, &wc) != 0)
+		FAIL("an empty extended CQ");
 	for (int i = 0; i < 16; i++) {
 		if (b.buf[i] != (uint64_t)(0x1000 + i))
 			FAIL("the Write's word %d: %#lx", i, (unsigned long)b.buf[i]);
@@ -319,10 +362,22 @@ int main(void)
 		wc = wait_wc(a.cq);
 		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != id)
 			FAIL("Send %lu: %s (wr_id %lu)", (unsigned long)id, ibv_wc_status_str(wc.status), (unsigned long)wc.wr_id);
-		wc = wait_wc(b.cq);
-		if (wc.status != IBV_WC_SUCCESS || wc.wr_id != 60 + id - 7 || strcmp((char *)&b.buf[200 + 8 * (id - 7)], "after"))
-			FAIL("receive of Send %lu: %s (wr_id %lu)", (unsigned long)id, ibv_wc_status_str(wc.status),
-			     (unsigned long)wc.wr_id);
+	}
+	/* both receives in one polling region: start_poll, then next_poll */
+	struct ibv_wc got[2];
+	got[0] = start_ex(bx);
+	for (int i = 0;; i++) {
+		int err = ibv_next_poll(bx);
+		if (!err)
+			break;
+		if (err != ENOENT || i == 10000000)
+			FAIL("ibv_next_poll: %s", strerror(err));
+	}
+	got[1] = read_ex(bx);
+	ibv_end_poll(bx);
+	for (int k = 0; k < 2; k++) {
+		if (got[k].status != IBV_WC_SUCCESS || got[k].wr_id != (uint64_t)(60 + k) || strcmp((char *)&b.buf[200 + 8 * k], "after"))
+			FAIL("receive %d: %s (wr_id %lu)", k, ibv_wc_status_str(got[k].status), (unsigned long)got[k].wr_id);
 	}
 	if (b.buf[300] != 0)
 		FAIL("a Write of a failed batch was done late");
