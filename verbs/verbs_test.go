@@ -786,7 +786,8 @@ func TestIBConnect(t *testing.T) {
 // TestWorkRequestAPI runs a C program that posts through the work request
 // API (ibv_create_qp_ex with send operations, ibv_wr_*) every kind of
 // request in one batch, and batches aborted or with an invalid request
-// that must post nothing (testdata/wrapi.c).
+// that must post nothing, and reads the receiving side's completions from
+// an extended CQ (ibv_create_cq_ex, ibv_start_poll...) (testdata/wrapi.c).
 func TestWorkRequestAPI(t *testing.T) {
 	runOK(t, "wrapi", startDaemonWith(t, daemon.Options{IBConnPort: freePort(t)}))
 }
