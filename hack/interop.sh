@@ -10,7 +10,8 @@
 # MPA stream of every run is captured and decoded by softrnic-dump and by
 # tshark (see check_capture): every FPDU decoded, with CRC every CRC good,
 # and the MPA mode (revision, peer-to-peer RTR) the row's name claims. Then
-# Debian's own rping and perftest over our libibverbs and librdmacm against
+# Debian's own rping, perftest, qperf, fio and librdmacm's examples (ucmatose,
+# rdma_server, rdma_xserver, cmtime) over our libibverbs and librdmacm against
 # the same binaries over siw, and Debian's dtest and dapltest over our uDAPL
 # provider against siw with Debian's libdaplofa, both datapaths and both
 # roles (hack/interop-verbs.sh, hack/interop-dapl.sh).
@@ -483,8 +484,9 @@ if [ -n "${LARGE_ALL:-}" ]; then
 	large_scenario xdp siw-server
 fi
 
-# Debian's rping and perftest over our libibverbs and librdmacm against
-# the same over siw, both roles, one guest boot per datapath.
+# Debian's rping, perftest, qperf, fio and librdmacm's examples over our
+# libibverbs and librdmacm against the same over siw, both roles, one guest
+# boot per datapath.
 # shellcheck source=hack/interop-verbs.sh
 . hack/interop-verbs.sh
 
@@ -494,7 +496,7 @@ fi
 . hack/interop-dapl.sh
 
 echo
-echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50; verbs: Debian's rping, perftest, qperf -cm1 rc_lat, fio --ioengine=rdma over our libibverbs, librdmacm; dapl: dtest, dapltest over libdaplsoftrnic vs libdaplofa)"
+echo "== interop results (softrnic kernel and xdp datapaths vs Linux siw; rping -C 5 -S 64 -V; perftest -R -s 4096 -n 50; verbs: Debian's rping, perftest, qperf -cm1 rc_lat, fio --ioengine=rdma, ucmatose, rdma_server, rdma_xserver, cmtime over our libibverbs, librdmacm; dapl: dtest, dapltest over libdaplsoftrnic vs libdaplofa)"
 printf '%-4s  %-34s %-10s %-4s %s\n' result scenario peer crc capture
 failed=0
 for r in "${results[@]}"; do
