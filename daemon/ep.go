@@ -505,7 +505,13 @@ func (s *session) disconnect(req *ctl.Disconnect) error {
 		}
 		e.qp.Disconnect(false)
 	case ctl.EPDisconnected:
-		// digest 003: a no-op.
+		// digest 003: a no-op, for the connection; but receives a QP
+		// connected the InfiniBand way kept at its peer's end are
+		// flushed, as a QP moved to error flushes what is posted
+		// (ibv_modify_qp to ERR after the peer's QP went).
+		if e.qp != nil {
+			e.qp.FlushKeptRecvs()
+		}
 	case ctl.EPUnconnected:
 		// digest 003 §2: the way to flush pre-posted receives; an
 		// InfiniBand-style connection waited for is given up.

@@ -358,14 +358,16 @@ func TestKeepRecvsAtPeerEnd(t *testing.T) {
 			t.Fatalf("a receive after the flush: %v", err)
 		}
 	}
-	// Kept, then flushed by a disconnect or by Reset; and flushed at
-	// once at an end with a Terminate of ours on its way.
+	// Kept, then flushed by a disconnect, by Reset or by the owner's
+	// FlushKeptRecvs; and flushed at once at an end with a Terminate of
+	// ours on its way.
 	for _, c := range []struct {
 		what string
 		end  func(q *QP)
 	}{
 		{"a disconnect", func(q *QP) { q.LLPClosed(nil); q.Disconnect(false) }},
 		{"Reset", func(q *QP) { q.LLPClosed(nil); must(t, q.Reset()) }},
+		{"FlushKeptRecvs (a move to error)", func(q *QP) { q.LLPClosed(errors.New("reset")); q.FlushKeptRecvs() }},
 		{"a Terminate of ours, then the end", func(q *QP) { q.terminateLocal(ddp.LLPCRC); q.LLPClosed(nil) }},
 	} {
 		_, b := newPair(t, pairOpts{})

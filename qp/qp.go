@@ -609,6 +609,13 @@ func (q *QP) LLPClosed(err error) {
 // succeeded. The terminal event is given as ever.
 func (q *QP) KeepRecvsAtPeerEnd() { q.quietEnd = true }
 
+// FlushKeptRecvs flushes the receives the peer's end kept
+// (KeepRecvsAtPeerEnd), if any: the owner's move to Error of a QP whose
+// connection is over already (verbs' ibv_modify_qp to ERR, which on
+// InfiniBand flushes what is posted; programs drain their QP so before
+// destroying it).
+func (q *QP) FlushKeptRecvs() { q.flushKept() }
+
 // flushKept flushes the receives the peer's end kept (KeepRecvsAtPeerEnd).
 func (q *QP) flushKept() {
 	if !q.keptRecvs {

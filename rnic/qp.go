@@ -380,6 +380,14 @@ func (q *QP) KeepRecvsAtPeerEnd() {
 	q.unlock()
 }
 
+// FlushKeptRecvs flushes the receives a QP kept at its peer's end
+// (qp.QP.FlushKeptRecvs): a disconnect of a QP whose connection is over.
+func (q *QP) FlushKeptRecvs() {
+	q.mu.Lock()
+	q.eng.FlushKeptRecvs()
+	q.unlock()
+}
+
 // PostedRecvs is the number of receives posted and not yet completed.
 func (q *QP) PostedRecvs() int {
 	q.mu.Lock()

@@ -8,7 +8,8 @@
  * server does, and the Send arrives once the connection is up. Each pair
  * then moves a Send and an RDMA Write, and a completion names its QP by
  * the qp_num the program was given. A QP whose peer's QP is destroyed
- * keeps its receives posted until it sends. A QP the RDMA-CM owns still
+ * keeps its receives posted until it sends, or is moved to ERR (they are
+ * flushed then). A QP the RDMA-CM owns still
  * refuses such an RTR, and one naming a QP nobody has goes to ERR, what
  * was posted on it flushed. Prints "ok" and exits 0, or names what failed.
  *
@@ -275,6 +276,30 @@ int main(void)
 		FAIL("the RDMA-CM's CQ and PD: %s", strerror(errno));
 	rdma_destroy_id(id);
 	rdma_destroy_event_channel(ch);
+
+	/* A receive kept at the peer's end is flushed when the program
+	 * moves its QP to ERR, as on InfiniBand, where a program drains its
+	 * QP so before destroying it. */
+	post_recv(&s[2]);
+	if (ibv_destroy_qp(s[3].qp))
+		FAIL("ibv_destroy_qp: %s", strerror(errno));
+	s[3].qp = NULL;
+	for (int i = 0; qp_state(&s[2]) != IBV_QPS_ERR; i++) {
+		if (i == 10000)
+			FAIL("the peer's end not seen in 10 s");
+		usleep(1000);
+	}
+	struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
+	if (ibv_modify_qp(s[2].qp, &ea, IBV_QP_STATE))
+		FAIL("ERR: %s", strerror(errno));
+	int n = 0;
+	for (int i = 0; i < 5000 && (n = ibv_poll_cq(s[2].cq, 1, &wc)) == 0; i++)
+		usleep(1000);
+	if (n != 1)
+		FAIL("at ERR after the peer's end: no completion for the kept receive (%d)", n);
+	if (wc.wr_id != 7 || wc.status != IBV_WC_WR_FLUSH_ERR)
+		FAIL("at ERR after the peer's end: wr_id %lu %s, want the receive flushed", (unsigned long)wc.wr_id,
+		     ibv_wc_status_str(wc.status));
 
 	for (int i = 0; i < 4; i++) {
 		if ((s[i].qp && ibv_destroy_qp(s[i].qp)) || ibv_dereg_mr(s[i].mr) || ibv_destroy_cq(s[i].cq))
