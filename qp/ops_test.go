@@ -379,6 +379,22 @@ func TestKeepRecvsAtPeerEnd(t *testing.T) {
 			t.Fatalf("kept receive at %s: %+v", c.what, rc)
 		}
 	}
+	// None posted at the peer's end: one posted after it is kept too,
+	// as an InfiniBand QP, which heard nothing, takes it.
+	_, b := newPair(t, pairOpts{})
+	b.q.KeepRecvsAtPeerEnd()
+	rb := b.mem.reg(t, pdB, 64, LocalWrite)
+	b.q.LLPClosed(nil)
+	if err := b.q.PostRecv(&RecvWR{ID: 1, SGL: []SGE{{LKey: rb.STag, Addr: rb.Base, Length: 64}}}); err != nil {
+		t.Fatalf("a receive after the peer's end, none posted at it: %v", err)
+	}
+	if rc := poll(b.rcq); len(rc) != 0 {
+		t.Fatalf("after the peer's end, none posted at it: %+v", rc)
+	}
+	b.q.FlushKeptRecvs()
+	if rc := poll(b.rcq); len(rc) != 1 || rc[0].Status != completion.FlushError {
+		t.Fatalf("the receive posted after the peer's end, flushed: %+v", rc)
+	}
 	// A Send outstanding: the peer's end flushes everything at once.
 	a, _ := newPair(t, pairOpts{})
 	a.q.KeepRecvsAtPeerEnd()

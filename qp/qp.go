@@ -158,7 +158,8 @@ type QP struct {
 	told     bool // the terminal event was given
 	// quietEnd: the peer's end of the connection flushes no receive
 	// while nothing of ours is outstanding (KeepRecvsAtPeerEnd);
-	// keptRecvs: it ended so, and the receives are still posted.
+	// keptRecvs: it ended so, and the receives posted (none, perhaps)
+	// stay posted, and more are taken.
 	quietEnd, keptRecvs bool
 }
 
@@ -658,7 +659,8 @@ func (q *QP) enterErrorKeeping(err error, kind EventKind, keep bool) {
 		}
 	}
 	q.retire()
-	if keep && q.rq.len() > 0 {
+	if keep {
+		// none posted included: more may be, as in RTS
 		q.keptRecvs = true
 	} else {
 		q.flushRecvs(err)
