@@ -9,7 +9,12 @@
  * daemon only by ibv_wr_complete, all of them, and only if every request
  * was valid: ibv_wr_abort, or an error, leaves the ring as it was. The
  * send ring's lock is held from ibv_wr_start to the end of the batch, as
- * the man page's critical region is.
+ * the man page's critical region is, and the batch names the thread in
+ * it: a call from outside a region of the caller's own (a second
+ * ibv_wr_complete, an abort after a failed complete, a builder with no
+ * ibv_wr_start, another thread's) writes no entry and releases no lock,
+ * where it would post or overwrite another's entries, or let a second
+ * producer into the ring; ibv_wr_complete says EINVAL to it.
  *
  * iWARP has no immediate data, memory windows, TSO or atomic write: a QP
  * asking for them is refused (EOPNOTSUPP), and their builders, like the
@@ -27,12 +32,24 @@ struct srn_wr_batch {
 	uint32_t n;     /* entries written since ibv_wr_start, after sq.local */
 	int err;        /* the batch's first error */
 	int open;       /* a builder opened wr; its setter may follow */
+	/* in a region: active (atomic, release after owner) and the
+	 * thread in it, set under the send ring's lock by ibv_wr_start */
+	int active;
+	pthread_t owner;
 	struct ibv_send_wr wr;
 	struct ibv_sge sge[SRN_RING_SGE];
 	uint8_t inl[]; /* the open request's inline octets: max_inline_data */
 };
 
 static struct srn_qp *of(struct ibv_qp_ex *x) { return (struct srn_qp *)x; }
+
+/* mine: the calling thread is in a region of its own (between its
+ * ibv_wr_start and ibv_wr_complete or ibv_wr_abort), so holds the lock. */
+static int mine(const struct srn_wr_batch *b)
+{
+	return __atomic_load_n(&b->active, __ATOMIC_ACQUIRE) &&
+	       pthread_equal(__atomic_load_n(&b->owner, __ATOMIC_RELAXED), pthread_self());
+}
 
 static void fail(struct srn_wr_batch *b, int err)
 {
@@ -71,11 +88,15 @@ static void close_open(struct srn_qp *q)
 }
 
 /* open starts a request of opcode op (its operation bit: what the QP was
- * made for), with the wr_id and wr_flags the program set. */
+ * made for), with the wr_id and wr_flags the program set; a request of
+ * nobody's (its fields written and thrown away) outside a region. */
 static struct ibv_send_wr *open_wr(struct ibv_qp_ex *x, enum ibv_wr_opcode op, uint32_t bit)
 {
+	static __thread struct ibv_send_wr nowhere;
 	struct srn_qp *q = of(x);
 	struct srn_wr_batch *b = q->wr;
+	if (!mine(b))
+		return &nowhere;
 	close_open(q);
 	if (!(b->ops & bit))
 		fail(b, EINVAL); /* not among the QP's send_ops_flags */
@@ -141,6 +162,8 @@ static void wr_local_inv(struct ibv_qp_ex *x, uint32_t rkey)
 static void refuse(struct ibv_qp_ex *x)
 {
 	struct srn_qp *q = of(x);
+	if (!mine(q->wr))
+		return;
 	close_open(q);
 	fail(q->wr, EOPNOTSUPP);
 }
@@ -178,19 +201,24 @@ static void no_atomic_write(struct ibv_qp_ex *x, uint32_t rkey, uint64_t addr, c
 static void no_ud_addr(struct ibv_qp_ex *x, struct ibv_ah *ah, uint32_t qpn, uint32_t qkey)
 {
 	(void)ah, (void)qpn, (void)qkey;
-	fail(of(x)->wr, EOPNOTSUPP);
+	if (mine(of(x)->wr))
+		fail(of(x)->wr, EOPNOTSUPP);
 }
 
 static void no_xrc_srqn(struct ibv_qp_ex *x, uint32_t srqn)
 {
 	(void)srqn;
-	fail(of(x)->wr, EOPNOTSUPP);
+	if (mine(of(x)->wr))
+		fail(of(x)->wr, EOPNOTSUPP);
 }
 
-/* data returns the open request for a setter, or NULL (the batch failed). */
+/* data returns the open request for a setter, or NULL (the batch
+ * failed, or the caller is in no region). */
 static struct ibv_send_wr *data(struct ibv_qp_ex *x)
 {
 	struct srn_wr_batch *b = of(x)->wr;
+	if (!mine(b))
+		return NULL;
 	if (!b->open) {
 		fail(b, EINVAL); /* a setter with no builder before it */
 		return NULL;
@@ -259,12 +287,26 @@ static void wr_start(struct ibv_qp_ex *x)
 	b->n = 0;
 	b->open = 0;
 	b->err = srn_session_dead(srn_session_of(q->qp.context)) ? EIO : 0;
+	__atomic_store_n(&b->owner, pthread_self(), __ATOMIC_RELAXED);
+	__atomic_store_n(&b->active, 1, __ATOMIC_RELEASE);
+}
+
+/* leave ends the caller's region: the batch is no one's, the lock free. */
+static void leave(struct srn_qp *q)
+{
+	struct srn_wr_batch *b = q->wr;
+	b->n = 0;
+	b->open = 0;
+	__atomic_store_n(&b->active, 0, __ATOMIC_RELEASE);
+	pthread_spin_unlock(&q->sq_lock);
 }
 
 static int wr_complete(struct ibv_qp_ex *x)
 {
 	struct srn_qp *q = of(x);
 	struct srn_wr_batch *b = q->wr;
+	if (!mine(b))
+		return EINVAL; /* no region of the caller's to complete */
 	close_open(q);
 	int err = b->err;
 	if (!err && b->n) {
@@ -272,17 +314,15 @@ static int wr_complete(struct ibv_qp_ex *x)
 		__atomic_store_n(srn_word(&q->sq, SRN_RING_PROD), q->sq.local, __ATOMIC_SEQ_CST);
 		srn_sq_posted(q);
 	}
-	b->n = 0;
-	pthread_spin_unlock(&q->sq_lock);
+	leave(q);
 	return err;
 }
 
 static void wr_abort(struct ibv_qp_ex *x)
 {
 	struct srn_qp *q = of(x);
-	q->wr->n = 0;
-	q->wr->open = 0;
-	pthread_spin_unlock(&q->sq_lock);
+	if (mine(q->wr))
+		leave(q);
 }
 
 struct ibv_qp *srn_create_qp_ex(struct ibv_context *ctx, struct ibv_qp_init_attr_ex *ax)

@@ -9,9 +9,11 @@
  * batch aborted, or one with an invalid request anywhere in it (too many
  * SGEs, an operation the QP was not made for, immediate data, a setter
  * with no builder, more requests than the ring holds), posts nothing:
- * its valid requests are not executed either. What iWARP cannot do is
- * refused at creation with EOPNOTSUPP, by ibv_create_qp_ex and by
- * librdmacm's rdma_create_qp_ex, which gives the API too. Prints "ok" and
+ * its valid requests are not executed either, nor is one built outside
+ * a region, or in a region another thread's ibv_wr_complete claims to
+ * end (EINVAL). What iWARP cannot do is refused at creation with
+ * EOPNOTSUPP, by ibv_create_qp_ex and by librdmacm's rdma_create_qp_ex,
+ * which gives the API too. Prints "ok" and
  * exits 0, or names what failed.
  *
  *   wrapi
@@ -19,6 +21,7 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -116,6 +119,13 @@ static void post_recv(struct side *s, uint64_t id, int at)
 	struct ibv_recv_wr w = {.wr_id = id, .sg_list = &sge, .num_sge = 1}, *bad;
 	if (ibv_post_recv(s->qp, &w, &bad))
 		FAIL("ibv_post_recv: %s", strerror(errno));
+}
+
+/* stray_complete is another thread's ibv_wr_complete of x, whose
+ * region it is not in */
+static void *stray_complete(void *x)
+{
+	return (void *)(intptr_t)ibv_wr_complete(x);
 }
 
 /* one_send posts one signaled Send of len octets at buf[at] through the API */
@@ -345,6 +355,35 @@ int main(void)
 		FAIL("a Write on a QP made for Sends: %d, want EINVAL", err);
 	if (ibv_destroy_qp(sends))
 		FAIL("ibv_destroy_qp: %s", strerror(errno));
+
+	/* Calls outside a critical region of the caller's own change
+	 * nothing: a second ibv_wr_complete, or one from another thread
+	 * while this one builds, is EINVAL and neither posts this thread's
+	 * requests nor lets go of its region; a builder with no
+	 * ibv_wr_start writes no entry. */
+	ibv_wr_start(x);
+	x->wr_id = 110;
+	ibv_wr_rdma_write(x, b.mr->rkey, (uintptr_t)&b.buf[300]);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)&a.buf[300], 8);
+	pthread_t th;
+	void *stray = NULL;
+	if (pthread_create(&th, NULL, stray_complete, x) || pthread_join(th, &stray))
+		FAIL("pthread: %s", strerror(errno));
+	if ((intptr_t)stray != EINVAL)
+		FAIL("ibv_wr_complete from a thread outside the region: %d, want EINVAL", (int)(intptr_t)stray);
+	ibv_wr_abort(x);
+	ibv_wr_start(x);
+	if ((err = ibv_wr_complete(x)) || (err = ibv_wr_complete(x)) != EINVAL)
+		FAIL("a second ibv_wr_complete: %d, want EINVAL", err);
+	x->wr_id = 111;
+	ibv_wr_rdma_write(x, b.mr->rkey, (uintptr_t)&b.buf[300]);
+	ibv_wr_set_sge(x, a.mr->lkey, (uintptr_t)&a.buf[300], 8);
+	if ((err = ibv_wr_complete(x)) != EINVAL)
+		FAIL("ibv_wr_complete with no ibv_wr_start: %d, want EINVAL", err);
+	ibv_wr_abort(x); /* nothing to abort: no effect */
+	quiet(a.cq, "calls outside a region");
+	if (b.buf[300] != 0)
+		FAIL("a Write built outside a region, or aborted, was done");
 
 	/* The QP still works after them, and the API and ibv_post_send
 	 * share its ring. */
