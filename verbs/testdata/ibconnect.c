@@ -103,6 +103,20 @@ static enum ibv_qp_state qp_state(struct side *s)
 	return qa.qp_state;
 }
 
+/* destroy_peer destroys gone's QP, as a program written for InfiniBand
+ * ends, and waits until its peer's QP has seen the end (ERR). */
+static void destroy_peer(struct side *gone, struct side *peer)
+{
+	if (ibv_destroy_qp(gone->qp))
+		FAIL("ibv_destroy_qp: %s", strerror(errno));
+	gone->qp = NULL;
+	for (int i = 0; qp_state(peer) != IBV_QPS_ERR; i++) {
+		if (i == 10000)
+			FAIL("the peer's end not seen in 10 s");
+		usleep(1000);
+	}
+}
+
 static void transfer(struct side *a, struct side *b)
 {
 	post_recv(b);
@@ -208,14 +222,7 @@ int main(void)
 	 * last completions two at a time finds no flushed one among them;
 	 * the next Send fails, and the receive is flushed with it. */
 	post_recv(&s[0]);
-	if (ibv_destroy_qp(s[1].qp))
-		FAIL("ibv_destroy_qp: %s", strerror(errno));
-	s[1].qp = NULL;
-	for (int i = 0; qp_state(&s[0]) != IBV_QPS_ERR; i++) {
-		if (i == 10000)
-			FAIL("the peer's end not seen in 10 s");
-		usleep(1000);
-	}
+	destroy_peer(&s[1], &s[0]);
 	usleep(100000);
 	struct ibv_wc wc;
 	if (ibv_poll_cq(s[0].cq, 1, &wc) != 0)
@@ -281,14 +288,7 @@ int main(void)
 	 * moves its QP to ERR, as on InfiniBand, where a program drains its
 	 * QP so before destroying it. */
 	post_recv(&s[2]);
-	if (ibv_destroy_qp(s[3].qp))
-		FAIL("ibv_destroy_qp: %s", strerror(errno));
-	s[3].qp = NULL;
-	for (int i = 0; qp_state(&s[2]) != IBV_QPS_ERR; i++) {
-		if (i == 10000)
-			FAIL("the peer's end not seen in 10 s");
-		usleep(1000);
-	}
+	destroy_peer(&s[3], &s[2]);
 	struct ibv_qp_attr ea = {.qp_state = IBV_QPS_ERR};
 	if (ibv_modify_qp(s[2].qp, &ea, IBV_QP_STATE))
 		FAIL("ERR: %s", strerror(errno));
