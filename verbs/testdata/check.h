@@ -1,12 +1,15 @@
 /*
  * What the test programs share: FAIL names the line and what failed and
  * exits 1; expect takes the channel's next RDMA-CM event, which must be
- * want; wait_wc takes a CQ's next completion.
+ * want, wait_event the same once it has come (within 10 s) to a channel
+ * nonblocking_channel made; wait_wc takes a CQ's next completion.
  */
 #ifndef CHECK_H
 #define CHECK_H
 
 #include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <rdma/rdma_cma.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +33,24 @@ static inline struct rdma_cm_event *expect(struct rdma_event_channel *ch, enum r
 	if (e->event != want)
 		FAIL("event %s (status %d), want %s", rdma_event_str(e->event), e->status, rdma_event_str(want));
 	return e;
+}
+
+/* nonblocking_channel is an event channel whose descriptor does not block. */
+static inline struct rdma_event_channel *nonblocking_channel(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	if (!ch || fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK))
+		FAIL("channel: %s", strerror(errno));
+	return ch;
+}
+
+/* wait_event is expect once ch is readable, within 10 s. */
+static inline struct rdma_cm_event *wait_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
+{
+	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+	if (poll(&pf, 1, 10000) != 1)
+		FAIL("no %s in 10 s", rdma_event_str(want));
+	return expect(ch, want);
 }
 
 /* wait_wc is cq's next completion, waited for at most 10 s. */

@@ -117,22 +117,6 @@ static void quiet(struct rdma_event_channel *ch, int ms, const char *what)
 		FAIL("%s: %s", what, strerror(errno));
 }
 
-static struct rdma_event_channel *nonblocking_channel(void)
-{
-	struct rdma_event_channel *ch = rdma_create_event_channel();
-	if (!ch || fcntl(ch->fd, F_SETFL, fcntl(ch->fd, F_GETFL) | O_NONBLOCK))
-		FAIL("channel: %s", strerror(errno));
-	return ch;
-}
-
-static struct rdma_cm_event *wait_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want)
-{
-	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
-	if (poll(&pf, 1, 10000) != 1)
-		FAIL("no %s in 10 s", rdma_event_str(want));
-	return expect(ch, want);
-}
-
 int main(int argc, char **argv)
 {
 	snprintf(port, sizeof(port), "%s", argc > 1 ? argv[1] : "7999");
