@@ -295,7 +295,7 @@ func (q *QP) PostSend(wr *SendWR) error {
 	if err := q.canPost(q.sq.full(), len(wr.SGL)); err != nil {
 		// The Send that finds the peer gone, as on InfiniBand, is
 		// what flushes the receives its end kept.
-		q.flushKept()
+		q.FlushKeptRecvs()
 		return err
 	}
 	e := sqePool.Get().(*sqe)
@@ -373,12 +373,9 @@ func (q *QP) canPost(full bool, nsge int) error {
 // PostRecv queues a receive buffer. It may be posted in Idle, before the
 // connection exists, so that nothing the peer sends first is dropped.
 func (q *QP) PostRecv(wr *RecvWR) error {
-	if q.keptRecvs {
-		// kept with the others, as a QP in RTS takes it
-		if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil && !errors.Is(err, ErrState) {
-			return err
-		}
-	} else if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil {
+	// A QP that kept its receives at its peer's end takes more, as a
+	// QP in RTS does.
+	if err := q.canPost(q.rq.full(), len(wr.SGL)); err != nil && !(q.keptRecvs && errors.Is(err, ErrState)) {
 		return err
 	}
 	e := rqePool.Get().(*rqe)
@@ -558,7 +555,7 @@ func (q *QP) termCause() error {
 func (q *QP) Disconnect(graceful bool) {
 	switch {
 	case q.ended:
-		q.flushKept()
+		q.FlushKeptRecvs()
 	case graceful && q.state == RTS:
 		q.state = Closing
 	case graceful && q.state == Idle:
@@ -602,23 +599,20 @@ func (q *QP) LLPClosed(err error) {
 // when they are done, without a word to the peer. So an end of the
 // connection that finds nothing of ours outstanding (no request in the
 // send queue, no Read awaiting its response, no Terminate of ours on its
-// way) flushes no receive: they
-// stay posted, and more may be posted, until a Send is posted (it fails
-// and they are flushed after it), a disconnect, or Reset. Otherwise a
-// program that polls its last completion together with a flushed
-// receive (ibv_rc_pingpong takes two at a time) fails a run that
-// succeeded. The terminal event is given as ever.
+// way) flushes no receive: they stay posted, and more may be posted,
+// until a Send is posted (it fails and they are flushed after it), a
+// disconnect, or Reset. Otherwise a program that polls its last
+// completion together with a flushed receive (ibv_rc_pingpong takes two
+// at a time) fails a run that succeeded. The terminal event is given as
+// ever.
 func (q *QP) KeepRecvsAtPeerEnd() { q.quietEnd = true }
 
 // FlushKeptRecvs flushes the receives the peer's end kept
-// (KeepRecvsAtPeerEnd), if any: the owner's move to Error of a QP whose
-// connection is over already (verbs' ibv_modify_qp to ERR, which on
-// InfiniBand flushes what is posted; programs drain their QP so before
-// destroying it).
-func (q *QP) FlushKeptRecvs() { q.flushKept() }
-
-// flushKept flushes the receives the peer's end kept (KeepRecvsAtPeerEnd).
-func (q *QP) flushKept() {
+// (KeepRecvsAtPeerEnd), if any: at a Send, a disconnect, Reset, and the
+// owner's move to Error of a QP whose connection is over already (verbs'
+// ibv_modify_qp to ERR, which on InfiniBand flushes what is posted;
+// programs drain their QP so before destroying it).
+func (q *QP) FlushKeptRecvs() {
 	if !q.keptRecvs {
 		return
 	}
@@ -690,7 +684,7 @@ func (q *QP) Reset() error {
 	if !q.ended {
 		return ErrState
 	}
-	q.flushKept()
+	q.FlushKeptRecvs()
 	*q = QP{cfg: q.cfg, ird: q.cfg.IRD, ord: q.cfg.ORD, sq: q.sq, rq: q.rq, orq: q.orq, irq: q.irq}
 	q.sendMSN, q.readMSN, q.atomicRspMSN = 1, 1, 1
 	q.expSend, q.expRead, q.expAtomicRsp = 1, 1, 1
