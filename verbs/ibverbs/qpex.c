@@ -67,23 +67,19 @@ static void close_open(struct srn_qp *q)
 	b->open = 0;
 	if (b->err)
 		return;
-	uint32_t idx = q->sq.local + b->n;
-	uint32_t used = idx - __atomic_load_n(srn_word(&q->sq, SRN_RING_CONS), __ATOMIC_SEQ_CST);
-	if (used > q->sq.entries) {
-		fail(b, EIO); /* the consumer's index is impossible */
-		return;
-	}
-	if (used == q->sq.entries) {
-		fail(b, ENOMEM);
+	int corrupt = 0;
+	uint8_t *slot = srn_reserve_at(&q->sq, b->n, &corrupt);
+	if (!slot) {
+		fail(b, corrupt ? EIO : ENOMEM);
 		return;
 	}
 	uint8_t e[SRN_SQE_SIZE];
-	int err = srn_build_sqe(q, &b->wr, e, idx);
+	int err = srn_build_sqe(q, &b->wr, e, q->sq.local + b->n);
 	if (err) {
 		fail(b, err);
 		return;
 	}
-	memcpy(srn_slot(&q->sq, idx), e, sizeof(e));
+	memcpy(slot, e, sizeof(e));
 	b->n++;
 }
 
@@ -310,8 +306,7 @@ static int wr_complete(struct ibv_qp_ex *x)
 	close_open(q);
 	int err = b->err;
 	if (!err && b->n) {
-		q->sq.local += b->n;
-		__atomic_store_n(srn_word(&q->sq, SRN_RING_PROD), q->sq.local, __ATOMIC_SEQ_CST);
+		srn_commit_n(&q->sq, b->n);
 		srn_sq_posted(q);
 	}
 	leave(q);

@@ -294,23 +294,30 @@ static inline uint8_t *srn_slot(const struct srn_ring *r, uint32_t i)
 	return r->mem + SRN_RING_HEADER + (size_t)(i & (r->entries - 1)) * r->esize;
 }
 
-/* Producer: the next free entry, NULL when full; *corrupt set when the
+/* Producer: the free entry n after the next (entries written but not
+ * yet committed before it), NULL when full; *corrupt set when the
  * consumer's index is impossible. */
-static inline uint8_t *srn_reserve(struct srn_ring *r, int *corrupt)
+static inline uint8_t *srn_reserve_at(struct srn_ring *r, uint32_t n, int *corrupt)
 {
-	uint32_t used = r->local - __atomic_load_n(srn_word(r, SRN_RING_CONS), __ATOMIC_SEQ_CST);
+	uint32_t used = r->local + n - __atomic_load_n(srn_word(r, SRN_RING_CONS), __ATOMIC_SEQ_CST);
 	if (used > r->entries) {
 		*corrupt = 1;
 		return NULL;
 	}
-	return used == r->entries ? NULL : srn_slot(r, r->local);
+	return used == r->entries ? NULL : srn_slot(r, r->local + n);
 }
 
-static inline void srn_commit(struct srn_ring *r)
+/* Producer: the next free entry (srn_reserve_at). */
+static inline uint8_t *srn_reserve(struct srn_ring *r, int *corrupt) { return srn_reserve_at(r, 0, corrupt); }
+
+/* srn_commit_n publishes the n entries written after the last commit. */
+static inline void srn_commit_n(struct srn_ring *r, uint32_t n)
 {
-	r->local++;
+	r->local += n;
 	__atomic_store_n(srn_word(r, SRN_RING_PROD), r->local, __ATOMIC_SEQ_CST);
 }
+
+static inline void srn_commit(struct srn_ring *r) { srn_commit_n(r, 1); }
 
 /* Consumer: the next entry, NULL when empty (copy it before use). */
 static inline const uint8_t *srn_peek(struct srn_ring *r, int *corrupt)
