@@ -390,6 +390,16 @@ static void gone(struct srn_session *s, uint32_t h)
 	}
 }
 
+/* disconnect asks the daemon to end the QP's connection, gracefully or
+ * not: 0 or an errno value (EBUSY: not connected). */
+static int disconnect(struct ibv_qp *qp, int graceful)
+{
+	struct srn_w w = {0};
+	srn_wn(&w, qp->handle, 4);
+	srn_wn(&w, graceful, 1);
+	return srn_call(srn_session_of(qp->context), SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
+}
+
 /* state is the QP's state as the daemon publishes its EP's in the send
  * ring (ctl.EP*): connected is RTS; one that was and is no more, error. */
 static enum ibv_qp_state state(struct srn_qp *q)
@@ -418,10 +428,7 @@ int srn_qp_destroy(struct ibv_qp *qp)
 		 * wire: they go, then our FIN, rather than a reset that
 		 * would throw them away (the daemon frees a graceful close
 		 * with nothing left to send in order). */
-		struct srn_w w = {0};
-		srn_wn(&w, qp->handle, 4);
-		srn_wn(&w, 1, 1); /* graceful */
-		(void)srn_call(s, SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
+		(void)disconnect(qp, 1);
 	}
 	int err = free_ep(s, qp->handle);
 	if (err)
@@ -583,10 +590,7 @@ EXPORT int srn_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask)
 		qp->state = attr->qp_state;
 		return 0;
 	case IBV_QPS_ERR: {
-		struct srn_w w = {0};
-		srn_wn(&w, qp->handle, 4);
-		srn_wn(&w, 0, 1); /* abrupt */
-		int err = srn_call(srn_session_of(qp->context), SRN_OP_DISCONNECT, w.b, w.n, NULL, 0, NULL);
+		int err = disconnect(qp, 0);
 		if (err && err != EBUSY && err != ENODEV)
 			return err; /* EBUSY: not connected, nothing to end */
 		qp->state = IBV_QPS_ERR;
