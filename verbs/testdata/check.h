@@ -2,7 +2,8 @@
  * What the test programs share: FAIL names the line and what failed and
  * exits 1; expect takes the channel's next RDMA-CM event, which must be
  * want, wait_event the same once it has come (within 10 s) to a channel
- * nonblocking_channel made; wait_wc takes a CQ's next completion.
+ * nonblocking_channel made, and no_event says none comes; wait_wc takes a
+ * CQ's next completion.
  */
 #ifndef CHECK_H
 #define CHECK_H
@@ -51,6 +52,18 @@ static inline struct rdma_cm_event *wait_event(struct rdma_event_channel *ch, en
 	if (poll(&pf, 1, 10000) != 1)
 		FAIL("no %s in 10 s", rdma_event_str(want));
 	return expect(ch, want);
+}
+
+/* no_event: no event on ch within ms, which must be non-blocking. */
+static inline void no_event(struct rdma_event_channel *ch, int ms, const char *what)
+{
+	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
+	poll(&pf, 1, ms);
+	struct rdma_cm_event *e;
+	if (rdma_get_cm_event(ch, &e) == 0)
+		FAIL("%s: %s", what, rdma_event_str(e->event));
+	if (errno != EAGAIN)
+		FAIL("%s: %s", what, strerror(errno));
 }
 
 /* wait_wc is cq's next completion, waited for at most 10 s. */

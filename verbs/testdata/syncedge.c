@@ -80,18 +80,6 @@ static struct sockaddr_in loopback(int p)
 	return a;
 }
 
-/* no event on ch within ms, which must be non-blocking */
-static void quiet(struct rdma_event_channel *ch, int ms, const char *what)
-{
-	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
-	poll(&pf, 1, ms);
-	struct rdma_cm_event *e;
-	if (rdma_get_cm_event(ch, &e) == 0)
-		FAIL("%s: %s", what, rdma_event_str(e->event));
-	if (errno != EAGAIN)
-		FAIL("%s: %s", what, strerror(errno));
-}
-
 /* the event a synchronous call left in id->event must be want */
 static void left(struct rdma_cm_id *id, enum rdma_cm_event_type want, const char *after)
 {
@@ -152,7 +140,7 @@ static void unread_outcome(struct rdma_event_channel *sch, int accept)
 	rdma_ack_cm_event(e);
 	if (accept)
 		rdma_ack_cm_event(wait_event(cch, RDMA_CM_EVENT_DISCONNECTED));
-	quiet(cch, 300, accept ? "after DISCONNECTED" : "after REJECTED");
+	no_event(cch, 300, accept ? "after DISCONNECTED" : "after REJECTED");
 	rdma_destroy_id(cli);
 	if (accept) {
 		rdma_ack_cm_event(wait_event(sch, RDMA_CM_EVENT_ESTABLISHED));
@@ -161,7 +149,7 @@ static void unread_outcome(struct rdma_event_channel *sch, int accept)
 		rdma_ack_cm_event(wait_event(sch, RDMA_CM_EVENT_DISCONNECTED));
 	}
 	rdma_destroy_id(srv);
-	quiet(sch, 300, "the server's channel afterwards");
+	no_event(sch, 300, "the server's channel afterwards");
 	rdma_destroy_event_channel(cch);
 }
 
@@ -225,7 +213,7 @@ static void request_with_listener(void)
 	}
 	rdma_ack_cm_event(expect(sch, RDMA_CM_EVENT_DISCONNECTED));
 	rdma_destroy_id(srv);
-	quiet(sch, 0, "the listener's channel after it went");
+	no_event(sch, 0, "the listener's channel after it went");
 	rdma_destroy_qp(a);
 	rdma_destroy_qp(b);
 	rdma_destroy_id(a);

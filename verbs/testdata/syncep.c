@@ -105,18 +105,6 @@ static void *client(void *arg)
 	return NULL;
 }
 
-/* no event on ch within ms, which must be non-blocking */
-static void quiet(struct rdma_event_channel *ch, int ms, const char *what)
-{
-	struct pollfd pf = {.fd = ch->fd, .events = POLLIN};
-	poll(&pf, 1, ms);
-	struct rdma_cm_event *e;
-	if (rdma_get_cm_event(ch, &e) == 0)
-		FAIL("%s: %s", what, rdma_event_str(e->event));
-	if (errno != EAGAIN)
-		FAIL("%s: %s", what, strerror(errno));
-}
-
 int main(int argc, char **argv)
 {
 	snprintf(port, sizeof(port), "%s", argc > 1 ? argv[1] : "7999");
@@ -213,7 +201,7 @@ int main(int argc, char **argv)
 	if (rdma_migrate_id(a, ch2) || a->channel != ch2)
 		FAIL("rdma_migrate_id: %s", strerror(errno));
 	rdma_ack_cm_event(wait_event(ch2, RDMA_CM_EVENT_ADDR_RESOLVED));
-	quiet(ch1, 0, "the channel an id left");
+	no_event(ch1, 0, "the channel an id left");
 	/* to synchronous: its calls wait for their events */
 	if (rdma_migrate_id(a, NULL) || a->channel == ch2)
 		FAIL("rdma_migrate_id to synchronous: %s", strerror(errno));
@@ -274,7 +262,7 @@ int main(int argc, char **argv)
 	if (dis->id != cli)
 		FAIL("DISCONNECTED for another id");
 	rdma_ack_cm_event(dis);
-	quiet(ch1, 500, "a second event after DISCONNECTED");
+	no_event(ch1, 500, "a second event after DISCONNECTED");
 	rdma_destroy_id(cli);
 	rdma_destroy_qp(srv);
 	rdma_destroy_id(srv);
