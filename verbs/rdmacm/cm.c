@@ -1473,7 +1473,7 @@ EXPORT int rdma_get_request(struct rdma_cm_id *listen, struct rdma_cm_id **id)
 	drop_event(listen);
 	struct rdma_cm_event *e;
 	if (rdma_get_cm_event(listen->channel, &e))
-		return -1; /* ECANCELED: the listener was destroyed */
+		return -1; /* ECANCELED: woken in a channel destroyed under it */
 	int err = event_errno(e);
 	if (!err && e->event != RDMA_CM_EVENT_CONNECT_REQUEST)
 		err = EINVAL;
