@@ -3,7 +3,7 @@
  * exits 1; expect takes the channel's next RDMA-CM event, which must be
  * want, wait_event the same once it has come (within 10 s) to a channel
  * nonblocking_channel made, and no_event says none comes; wait_wc takes a
- * CQ's next completion.
+ * CQ's next completion; open_first_device opens the device.
  */
 #ifndef CHECK_H
 #define CHECK_H
@@ -64,6 +64,19 @@ static inline void no_event(struct rdma_event_channel *ch, int ms, const char *w
 		FAIL("%s: %s", what, rdma_event_str(e->event));
 	if (errno != EAGAIN)
 		FAIL("%s: %s", what, strerror(errno));
+}
+
+/* open_first_device opens the first (softrnic's one) device. */
+static inline struct ibv_context *open_first_device(void)
+{
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	if (!list || !list[0])
+		FAIL("no device");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	if (!ctx)
+		FAIL("ibv_open_device: %s", strerror(errno));
+	ibv_free_device_list(list);
+	return ctx;
 }
 
 /* wait_wc is cq's next completion, waited for at most 10 s. */
